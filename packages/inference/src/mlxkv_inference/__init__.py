@@ -1,0 +1,34 @@
+"""mlxkv inference: model binding, caches, the autoregressive loop and the sampler."""
+
+from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, KvScheme, MlxAutoregressiveBinding
+from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
+from mlxkv_inference.engine.generate import Generation, GenerationParams, GenerationResult, TextDelta
+from mlxkv_inference.engine.loop import TokenStep, generate_steps
+from mlxkv_inference.engine.sampling import SamplingParams, make_sampler, step_key
+from mlxkv_inference.errors import ModelLoadError, UnsupportedModelError
+from mlxkv_inference.models.embedded import EMBEDDED_MODEL_ID, embedded_model_path
+from mlxkv_inference.models.loader import load_binding
+from mlxkv_inference.tokenizer.protocol import Message, Tokenizer
+
+__all__ = [
+    "DEFAULT_PREFILL_CHUNK",
+    "EMBEDDED_MODEL_ID",
+    "Generation",
+    "GenerationParams",
+    "GenerationResult",
+    "IncrementalDetokenizer",
+    "KvScheme",
+    "Message",
+    "MlxAutoregressiveBinding",
+    "ModelLoadError",
+    "SamplingParams",
+    "TextDelta",
+    "TokenStep",
+    "Tokenizer",
+    "UnsupportedModelError",
+    "embedded_model_path",
+    "generate_steps",
+    "load_binding",
+    "make_sampler",
+    "step_key",
+]

@@ -1,0 +1,111 @@
+"""The one place where this package calls into mlx-lm, which is untyped.
+
+Every function here has a typed signature so the rest of the package stays under
+`mypy --strict`; the module itself is the only one with `disallow_untyped_calls` relaxed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+def forward(model: nn.Module, tokens: mx.array, cache: list[Any] | None) -> mx.array:
+    """Run the model on a (1, L) token batch and return (1, L, vocab) logits."""
+    out: mx.array = model(tokens, cache=cache)
+    return out
+
+
+def model_layers(model: nn.Module) -> list[nn.Module]:
+    return list(model.layers)  # type: ignore[attr-defined]
+
+
+def make_model_cache(model: nn.Module) -> list[Any]:
+    """mlx-lm's own per-layer caches for `model` (its `make_cache` or plain KV caches)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    caches: list[Any] = make_prompt_cache(model)
+    return caches
+
+
+def model_classes(config: dict[str, Any]) -> tuple[type[nn.Module], type[Any]]:
+    """Model and args classes mlx-lm uses for `config["model_type"]`."""
+    from mlx_lm.utils import _get_classes
+
+    model_cls, args_cls = _get_classes(config)
+    return model_cls, args_cls
+
+
+def build_model(config: dict[str, Any]) -> nn.Module:
+    """Instantiate an mlx-lm model (random weights) from a config dict."""
+    model_cls, args_cls = model_classes(config)
+    args = args_cls.from_dict(config)
+    model: nn.Module = model_cls(args)
+    return model
+
+
+def sanitize(model: nn.Module, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    if hasattr(model, "sanitize"):
+        out: dict[str, mx.array] = model.sanitize(weights)
+        return out
+    return weights
+
+
+def load_directory(path: Path) -> tuple[nn.Module, Any, dict[str, Any]]:
+    """Load a local mlx-lm model directory: (model, TokenizerWrapper, config)."""
+    from mlx_lm.utils import load
+
+    model, tokenizer, config = load(str(path), return_config=True)
+    return model, tokenizer, config
+
+
+def apply_top_k(logprobs: mx.array, top_k: int) -> mx.array:
+    from mlx_lm.sample_utils import apply_top_k as _top_k
+
+    out: mx.array = _top_k(logprobs, top_k)
+    return out
+
+
+def apply_top_p(logprobs: mx.array, top_p: float) -> mx.array:
+    from mlx_lm.sample_utils import apply_top_p as _top_p
+
+    out: mx.array = _top_p(logprobs, top_p)
+    return out
+
+
+def apply_min_p(logprobs: mx.array, min_p: float) -> mx.array:
+    from mlx_lm.sample_utils import apply_min_p as _min_p
+
+    out: mx.array = _min_p(logprobs, min_p)
+    return out
+
+
+def create_attention_mask(h: mx.array, cache: Any, window_size: int | None = None) -> Any:
+    from mlx_lm.models.base import create_attention_mask as _mask
+
+    return _mask(h, cache, window_size=window_size)
+
+
+def eos_token_ids(wrapper: Any) -> list[int]:
+    return list(wrapper.eos_token_ids)
+
+
+def tokenizer_vocab_size(wrapper: Any) -> int:
+    return int(len(wrapper._tokenizer))
+
+
+def tokenizer_encode(wrapper: Any, text: str, add_special_tokens: bool) -> list[int]:
+    return list(wrapper.encode(text, add_special_tokens=add_special_tokens))
+
+
+def tokenizer_decode(wrapper: Any, ids: list[int]) -> str:
+    return str(wrapper.decode(ids))
+
+
+def tokenizer_chat_template(wrapper: Any, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+    if getattr(wrapper, "chat_template", None) is None:
+        raise ValueError("this model has no chat template; use raw prompts")
+    return str(wrapper.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt))

@@ -1,0 +1,147 @@
+"""Text-level generation: the loop plus detokenization, stop conditions and timing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
+from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
+from mlxkv_inference.engine.logits import context_window, make_logits_processors
+from mlxkv_inference.engine.loop import TokenStep, cached_tokens, generate_steps
+from mlxkv_inference.engine.sampling import SamplingParams, choose_seed, make_sampler
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationParams:
+    max_tokens: int = 256
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens={self.max_tokens} must be >= 1")
+        if self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk={self.prefill_chunk} must be >= 1")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must not be empty")
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """Newly final text and the token that produced it ('' while text is held back)."""
+
+    text: str
+    step: TokenStep
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    cached_tokens: int
+    generated_tokens: int
+    seed: int
+    ttft_s: float
+    prefill_tps: float
+    decode_tps: float
+
+
+class Generation:
+    """One generation: iterate for `TextDelta`s, then read `result`.
+
+    Generated token ids exclude the EOS token and any token after a stop string.
+    """
+
+    def __init__(
+        self,
+        binding: MlxAutoregressiveBinding,
+        prompt: Sequence[int],
+        params: GenerationParams,
+        caches: list[Any] | None = None,
+        *,
+        history: Sequence[int] = (),
+    ) -> None:
+        self._binding = binding
+        self._params = params
+        self.seed = params.sampling.seed if params.sampling.seed is not None else choose_seed()
+        self.caches = caches if caches is not None else binding.make_cache()
+        self.cached_tokens = cached_tokens(self.caches)
+        # `history` resumes a generation: its tokens were generated before, at steps 0..k-1.
+        self.prompt = list(prompt) + list(history)
+        self._first_step = len(history)
+        self._tokens: list[int] = []
+        self._detok = IncrementalDetokenizer(binding.tokenizer, params.stop)
+        self._finish: FinishReason = "length"
+        self._t0 = 0.0
+        self._t_first = 0.0
+        self._t_end = 0.0
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[TextDelta]:
+        self._t0 = time.perf_counter()
+        sampling = self._params.sampling
+        steps = generate_steps(
+            self._binding,
+            self.prompt,
+            self.caches,
+            sampler=make_sampler(sampling, self.seed),
+            max_tokens=self._params.max_tokens,
+            processors=make_logits_processors(sampling),
+            context_window=context_window(sampling),
+            prefill_chunk=self._params.prefill_chunk,
+            first_step=self._first_step,
+            on_prefill_done=self._mark_first,
+        )
+        for step in steps:
+            if step.token in self._binding.eos_token_ids:
+                self._finish = "stop"
+                break
+            self._tokens.append(step.token)
+            text = self._detok.add(step.token)
+            if self._detok.stopped:
+                self._finish = "stop"
+                yield TextDelta(text, step)
+                break
+            yield TextDelta(text, step)
+        tail = self._detok.finish()
+        self._t_end = time.perf_counter()
+        self.result = self._make_result()
+        if tail:
+            yield TextDelta(tail, step)
+
+    def run(self) -> GenerationResult:
+        """Consume the whole generation and return its result."""
+        for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+    def _mark_first(self) -> None:
+        self._t_first = time.perf_counter()
+
+    def _make_result(self) -> GenerationResult:
+        prefilled = len(self.prompt) - self.cached_tokens
+        ttft = self._t_first - self._t0
+        decode_time = self._t_end - self._t_first
+        n = len(self._tokens)
+        return GenerationResult(
+            token_ids=tuple(self._tokens),
+            text=self._detok.text,
+            finish_reason=self._finish,
+            prompt_tokens=len(self.prompt) - self._first_step,
+            cached_tokens=self.cached_tokens,
+            generated_tokens=n,
+            seed=self.seed,
+            ttft_s=ttft,
+            prefill_tps=prefilled / ttft if ttft > 0 else 0.0,
+            decode_tps=(n - 1) / decode_time if n > 1 and decode_time > 0 else 0.0,
+        )
+

@@ -1,0 +1,89 @@
+"""The autoregressive loop: chunked prefill, then pipelined decode.
+
+    prompt  p0 p1 ... p(n-2) | p(n-1)          -> y0
+            ^ prefill chunks   ^ first decode
+    decode  y0 -> y1, y1 -> y2, ...  (step i+1 is queued with mx.async_eval before y(i) is read)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+
+from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
+from mlxkv_inference.engine.logits import LogitsProcessor
+from mlxkv_inference.engine.sampling import Sampler
+
+
+@dataclass(frozen=True, slots=True)
+class TokenStep:
+    """One generated token, its step index and the log-probabilities it was sampled from."""
+
+    token: int
+    step: int
+    logprobs: mx.array
+
+
+def generate_steps(
+    binding: MlxAutoregressiveBinding,
+    prompt: Sequence[int],
+    caches: list[Any],
+    *,
+    sampler: Sampler,
+    max_tokens: int,
+    processors: Sequence[LogitsProcessor] = (),
+    context_window: int = 0,
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    first_step: int = 0,
+    on_prefill_done: Callable[[], None] | None = None,
+) -> Iterator[TokenStep]:
+    """Yield up to `max_tokens` tokens continuing `prompt` (which must not be empty).
+
+    `caches` may already hold a prefix of `prompt`; only the uncached tail is fed. Step indices
+    start at `first_step` (the sampler derives each step's key from it). After the consumer stops
+    at token i, the caches cover `prompt` plus the tokens before i; feeding i is left to the caller.
+    """
+    if not prompt:
+        raise ValueError("prompt must hold at least one token")
+    if max_tokens < 1:
+        return
+    cached = cached_tokens(caches)
+    if cached >= len(prompt):
+        raise ValueError(f"caches already hold {cached} tokens; the prompt has only {len(prompt)}")
+    binding.prefill(prompt[cached:-1], caches, prefill_chunk)
+    window = context_window if processors else 0
+    history = mx.array(list(prompt[:-1])[-window:] if window else [], dtype=mx.int32)
+
+    def step(tokens: mx.array, index: int) -> tuple[mx.array, mx.array]:
+        nonlocal history
+        logits = binding.decode(tokens, caches)
+        if window:
+            history = mx.concatenate([history, tokens.astype(mx.int32)])[-window:]
+            for processor in processors:
+                logits = processor(history, logits)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        return sampler(logprobs, index), logprobs.squeeze(0)
+
+    y, logprobs = step(mx.array(prompt[-1:]), first_step)
+    mx.async_eval(y, logprobs)
+    for n in range(max_tokens):
+        if n + 1 < max_tokens:
+            next_y, next_logprobs = step(y, first_step + n + 1)
+            mx.async_eval(next_y, next_logprobs)
+        if n == 0 and on_prefill_done is not None:
+            mx.eval(y)
+            on_prefill_done()
+        yield TokenStep(token=int(y.item()), step=first_step + n, logprobs=logprobs)
+        if n % 256 == 255:
+            mx.clear_cache()
+        if n + 1 < max_tokens:
+            y, logprobs = next_y, next_logprobs
+
+
+def cached_tokens(caches: list[Any]) -> int:
+    """Tokens the caches already hold (the smallest offset among layers that track one)."""
+    offsets = {int(c.offset) for c in caches if hasattr(c, "offset")}
+    return min(offsets) if offsets else 0

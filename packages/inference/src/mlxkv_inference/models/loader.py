@@ -1,0 +1,79 @@
+"""Load a model by path: the embedded GGUF, any llama GGUF file, or a local mlx-lm directory.
+
+Nothing is downloaded: a path that does not exist is an error, never a hub lookup.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from mlxkv_inference import _mlx_lm
+from mlxkv_inference.binding import KvScheme, MlxAutoregressiveBinding
+from mlxkv_inference.errors import ModelLoadError
+from mlxkv_inference.models.embedded import EMBEDDED_MODEL_ID, embedded_model_path
+from mlxkv_inference.models.gguf import load_gguf
+from mlxkv_inference.tokenizer.gguf_tokenizer import GgufTokenizer
+from mlxkv_inference.tokenizer.hf_tokenizer import HfTokenizer
+
+_DIGEST_SPAN = 1 << 20
+
+
+def load_binding(model: str | Path | None = None, kv_scheme: KvScheme = KvScheme()) -> MlxAutoregressiveBinding:
+    """Load `model` (None: the embedded SmolLM2) and bind it with `kv_scheme`."""
+    if model is None:
+        return load_gguf_binding(embedded_model_path(), kv_scheme, model_id=EMBEDDED_MODEL_ID)
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return load_gguf_binding(path, kv_scheme)
+    if path.is_dir() and (path / "config.json").is_file():
+        return load_directory_binding(path, kv_scheme)
+    if not path.exists():
+        raise ModelLoadError(
+            f"model path {str(path)!r} does not exist; --model takes a local mlx-lm directory or a .gguf file "
+            "(nothing is downloaded)"
+        )
+    raise ModelLoadError(f"{str(path)!r} is neither a .gguf file nor a directory with config.json")
+
+
+def load_gguf_binding(path: Path, kv_scheme: KvScheme, model_id: str | None = None) -> MlxAutoregressiveBinding:
+    loaded = load_gguf(path)
+    return MlxAutoregressiveBinding(
+        loaded.model,
+        GgufTokenizer(loaded.metadata),
+        model_id=model_id or path.stem,
+        config=loaded.config,
+        kv_scheme=kv_scheme,
+        weights_digest=weights_digest([path]),
+    )
+
+
+def load_directory_binding(path: Path, kv_scheme: KvScheme) -> MlxAutoregressiveBinding:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        model, wrapper, config = _mlx_lm.load_directory(path)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(f"cannot load mlx-lm model directory {path}: {e}") from e
+    return MlxAutoregressiveBinding(
+        model,
+        HfTokenizer(wrapper, path),
+        model_id=path.resolve().name,
+        config=config,
+        kv_scheme=kv_scheme,
+        weights_digest=weights_digest(sorted(path.glob("*.safetensors"))),
+    )
+
+
+def weights_digest(files: Iterable[Path]) -> str:
+    """Cheap identity of weight files: name, size and the first and last MiB of each."""
+    digest = hashlib.sha256()
+    for f in files:
+        size = f.stat().st_size
+        digest.update(f"{f.name}\0{size}\0".encode())
+        with f.open("rb") as fh:
+            digest.update(fh.read(_DIGEST_SPAN))
+            fh.seek(max(0, size - _DIGEST_SPAN))
+            digest.update(fh.read(_DIGEST_SPAN))
+    return digest.hexdigest()

@@ -1,0 +1,38 @@
+"""Render Hugging Face style Jinja chat templates in a sandbox."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any, NoReturn
+
+from jinja2 import Template
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from mlxkv_inference.tokenizer.protocol import Message
+
+
+def render_chat_template(
+    template: str, messages: Sequence[Message], *, add_generation_prompt: bool, **extra: Any
+) -> str:
+    """Render `messages` with `template` as transformers' `apply_chat_template` does."""
+    return _compile(template).render(
+        messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt, **extra
+    )
+
+
+def _raise(message: str) -> NoReturn:
+    raise ValueError(f"chat template error: {message}")
+
+
+def _tojson(value: Any, indent: int | None = None) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+@lru_cache(maxsize=8)
+def _compile(template: str) -> Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    return env.from_string(template)

@@ -1,0 +1,60 @@
+"""The `Tokenizer` protocol over an mlx-lm model directory's Hugging Face tokenizer."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mlxkv_inference import _mlx_lm
+from mlxkv_inference.tokenizer.protocol import Message
+
+# Files whose bytes define how a directory's tokenizer behaves, hashed in this order.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt", "tokenizer_config.json")
+
+
+class HfTokenizer:
+    """Wraps mlx-lm's `TokenizerWrapper` (a transformers tokenizer) loaded from `directory`."""
+
+    def __init__(self, wrapper: Any, directory: Path) -> None:
+        self._wrapper = wrapper
+        self._eos = frozenset(int(i) for i in _mlx_lm.eos_token_ids(wrapper))
+        self._vocab_size = _mlx_lm.tokenizer_vocab_size(wrapper)
+        self._hash = directory_tokenizer_hash(directory)
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self._eos
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def wrapper(self) -> Any:
+        """mlx-lm's `TokenizerWrapper` (for calling mlx-lm's own generation)."""
+        return self._wrapper
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return _mlx_lm.tokenizer_encode(self._wrapper, text, add_special_tokens)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return _mlx_lm.tokenizer_decode(self._wrapper, list(ids))
+
+    def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
+        return _mlx_lm.tokenizer_chat_template(self._wrapper, [dict(m) for m in messages], add_generation_prompt)
+
+    def content_hash(self) -> str:
+        return self._hash
+
+
+def directory_tokenizer_hash(directory: Path) -> str:
+    """sha256 over the tokenizer files present in `directory` (tokenizer.json first)."""
+    digest = hashlib.sha256()
+    for name in _TOKENIZER_FILES:
+        path = directory / name
+        if path.is_file():
+            digest.update(name.encode() + b"\0")
+            digest.update(path.read_bytes())
+    return digest.hexdigest()

@@ -1,0 +1,28 @@
+"""What the loop and the servers need from a tokenizer."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+Message = Mapping[str, Any]
+
+
+class Tokenizer(Protocol):
+    """Text <-> token ids for one model, with its chat template and stop tokens."""
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str: ...
+
+    def content_hash(self) -> str:
+        """sha256 hex digest of the tokenizer's canonical bytes: equal hashes tokenize alike."""
+        ...

@@ -1,0 +1,1 @@
+"""mlxkv_ssd_cache."""
