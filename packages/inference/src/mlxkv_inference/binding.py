@@ -10,7 +10,6 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
 from mlxkv_inference import _mlx_lm
 from mlxkv_inference.tokenizer.protocol import Tokenizer
@@ -58,7 +57,7 @@ class MlxAutoregressiveBinding:
         self.model_id = model_id
         self.config = config
         self.kv_scheme = kv_scheme
-        self.weight_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+        self.weight_bytes = _mlx_lm.parameter_bytes(model)
         self.tokenizer_hash = tokenizer.content_hash()
         self.config_fingerprint = config_fingerprint(config, kv_scheme, weights_digest)
 
@@ -75,7 +74,7 @@ class MlxAutoregressiveBinding:
         if chunk_size < 1:
             raise ValueError(f"prefill chunk size={chunk_size} must be >= 1")
         for start in range(0, len(tokens), chunk_size):
-            chunk = mx.array(tokens[start : start + chunk_size])[None]
+            chunk = mx.array(list(tokens[start : start + chunk_size]))[None]
             _mlx_lm.forward(self.model, chunk, caches)
             mx.eval([c.state for c in caches])
             mx.clear_cache()
@@ -91,7 +90,7 @@ def config_fingerprint(config: dict[str, Any], kv_scheme: KvScheme, weights_dige
     payload = {
         "config": config,
         "kv_scheme": asdict(kv_scheme),
-        "mlx": mx.__version__,
+        "mlx": _mlx_lm.mlx_version(),
         "weights": weights_digest,
     }
     blob = json.dumps(payload, sort_keys=True, default=str).encode()

@@ -13,6 +13,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from mlxkv_inference import _mlx_lm
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
 from mlxkv_inference.engine.logits import LogitsProcessor
 from mlxkv_inference.engine.sampling import Sampler
@@ -67,16 +68,16 @@ def generate_steps(
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         return sampler(logprobs, index), logprobs.squeeze(0)
 
-    y, logprobs = step(mx.array(prompt[-1:]), first_step)
-    mx.async_eval(y, logprobs)
+    y, logprobs = step(mx.array([prompt[-1]]), first_step)
+    _mlx_lm.async_eval(y, logprobs)
     for n in range(max_tokens):
         if n + 1 < max_tokens:
             next_y, next_logprobs = step(y, first_step + n + 1)
-            mx.async_eval(next_y, next_logprobs)
+            _mlx_lm.async_eval(next_y, next_logprobs)
         if n == 0 and on_prefill_done is not None:
             mx.eval(y)
             on_prefill_done()
-        yield TokenStep(token=int(y.item()), step=first_step + n, logprobs=logprobs)
+        yield TokenStep(token=_token(y), step=first_step + n, logprobs=logprobs)
         if n % 256 == 255:
             mx.clear_cache()
         if n + 1 < max_tokens:
@@ -87,3 +88,9 @@ def cached_tokens(caches: list[Any]) -> int:
     """Tokens the caches already hold (the smallest offset among layers that track one)."""
     offsets = {int(c.offset) for c in caches if hasattr(c, "offset")}
     return min(offsets) if offsets else 0
+
+
+def _token(y: mx.array) -> int:
+    value = y.item()
+    assert isinstance(value, int)
+    return value

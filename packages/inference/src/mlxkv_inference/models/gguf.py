@@ -55,7 +55,7 @@ class GgufModel:
 def load_gguf(path: Path) -> GgufModel:
     """Load a llama-architecture GGUF file into mlx-lm's llama model (float32 activations)."""
     try:
-        weights, metadata = mx.load(str(path), return_metadata=True)  # type: ignore[misc]
+        weights, metadata = _mlx_lm.load_gguf_file(str(path))
     except (RuntimeError, ValueError, OSError) as e:
         raise ModelLoadError(f"cannot read GGUF file {path}: {e}") from e
     config = gguf_config(metadata, weights)
@@ -64,7 +64,7 @@ def load_gguf(path: Path) -> GgufModel:
     model = _mlx_lm.build_model(config)
     _quantize_like(model, mapped)
     model.load_weights(list(mapped.items()), strict=True)
-    mx.eval(model.parameters())
+    _mlx_lm.eval_parameters(model)
     model.eval()
     return GgufModel(model=model, config=config, metadata=metadata)
 

@@ -121,4 +121,5 @@ def _optional_int(metadata: dict[str, Any], key: str) -> int | None:
     value = metadata.get(key)
     if value is None:
         return None
-    return int(value.item() if isinstance(value, mx.array) else value)
+    scalar = value.item() if isinstance(value, mx.array) else value
+    return int(scalar)  # type: ignore[arg-type]  # GGUF ids are integer scalars

@@ -1,0 +1,1 @@
+"""Subcommands of the mlxkv CLI."""

@@ -1,0 +1,67 @@
+"""Options shared by subcommands that load a model and generate (names follow mlx-lm's)."""
+
+from __future__ import annotations
+
+import argparse
+
+from mlxkv_inference import DEFAULT_PREFILL_CHUNK, GenerationParams, KvScheme, SamplingParams
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument(
+        "--model",
+        metavar="PATH",
+        default=None,
+        help="local mlx-lm model directory or llama .gguf file (default: the embedded SmolLM2-135M-Instruct Q4_1)",
+    )
+    group.add_argument("--kv-bits", type=int, choices=(4, 8), default=None, help="quantize the KV cache to this many bits")
+    group.add_argument("--kv-group-size", type=int, choices=(32, 64, 128), default=64, help="KV quantization group size (default: 64)")
+    group.add_argument(
+        "--quantized-kv-start",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --kv-bits: keep the first N tokens in full precision, quantize from then on (default: 0)",
+    )
+
+
+def add_sampling_options(parser: argparse.ArgumentParser, *, default_max_tokens: int) -> None:
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--max-tokens", "-m", type=int, default=default_max_tokens, help=f"most tokens to generate (default: {default_max_tokens})")
+    group.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 is greedy (default: 0)")
+    group.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default: 1, off)")
+    group.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (default: 0, off)")
+    group.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p times the top probability (default: 0, off)")
+    group.add_argument("--repetition-penalty", type=float, default=1.0, help="multiplicative penalty on recent tokens (default: 1, off)")
+    group.add_argument("--presence-penalty", type=float, default=0.0, help="additive penalty on tokens seen recently (default: 0)")
+    group.add_argument("--frequency-penalty", type=float, default=0.0, help="additive penalty per recent occurrence (default: 0)")
+    group.add_argument("--seed", type=int, default=None, help="sampling seed (default: a random one, printed in the stats line)")
+    group.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when TEXT is generated (repeatable)")
+    group.add_argument(
+        "--prefill-step-size",
+        type=int,
+        default=DEFAULT_PREFILL_CHUNK,
+        metavar="N",
+        help=f"prompt tokens per prefill chunk (default: {DEFAULT_PREFILL_CHUNK})",
+    )
+
+
+def kv_scheme_from(args: argparse.Namespace) -> KvScheme:
+    return KvScheme(bits=args.kv_bits, group_size=args.kv_group_size, quantized_start=args.quantized_kv_start)
+
+
+def generation_params_from(args: argparse.Namespace) -> GenerationParams:
+    sampling = SamplingParams(
+        temperature=args.temp,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        seed=args.seed,
+    )
+    return GenerationParams(
+        max_tokens=args.max_tokens, sampling=sampling, stop=tuple(args.stop), prefill_chunk=args.prefill_step_size
+    )
