@@ -7,6 +7,7 @@ Every function here has a typed signature so the rest of the package stays under
 from __future__ import annotations
 
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import mlx.core as mx
@@ -137,3 +138,37 @@ def parameter_bytes(model: nn.Module) -> int:
 
 def eval_parameters(model: nn.Module) -> None:
     mx.eval(model.parameters())
+
+
+def wrap_tokenizer(backend: Any, eos_token_ids: list[int]) -> Any:
+    """mlx-lm's `TokenizerWrapper` over a `tokenizers.Tokenizer`, so mlx-lm's own generation can
+    run with our GGUF tokenizer (used as the reference in parity tests and benchmarks)."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(tokenizer_object=backend)
+    return TokenizerWrapper(hf, eos_token_ids=eos_token_ids)
+
+
+def mlx_lm_stream_responses(model: nn.Module, wrapper: Any, prompt: list[int], max_tokens: int, **kwargs: Any) -> Iterator[Any]:
+    """mlx-lm's `stream_generate` responses (one per token; the last carries finish_reason)."""
+    from mlx_lm.generate import stream_generate
+
+    yield from stream_generate(model, wrapper, prompt, max_tokens=max_tokens, **kwargs)
+
+
+def mlx_lm_stream_tokens(model: nn.Module, wrapper: Any, prompt: list[int], max_tokens: int, **kwargs: Any) -> list[int]:
+    """Token ids mlx-lm's `stream_generate` produces (the EOS that ends it is dropped)."""
+    tokens: list[int] = []
+    for response in mlx_lm_stream_responses(model, wrapper, prompt, max_tokens, **kwargs):
+        if response.finish_reason == "stop":
+            break
+        tokens.append(int(response.token))
+    return tokens
+
+
+def mlx_lm_step_tokens(model: nn.Module, prompt: list[int], max_tokens: int, **kwargs: Any) -> list[int]:
+    """Token ids of mlx-lm's `generate_step` (no tokenizer, no EOS handling)."""
+    from mlx_lm.generate import generate_step
+
+    return [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens, **kwargs)]

@@ -22,6 +22,7 @@ class GenerationParams:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    ignore_eos: bool = False  # generate max_tokens even past EOS (benchmarks)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -101,7 +102,7 @@ class Generation:
             on_prefill_done=self._mark_first,
         )
         for step in steps:
-            if step.token in self._binding.eos_token_ids:
+            if step.token in self._binding.eos_token_ids and not self._params.ignore_eos:
                 self._finish = "stop"
                 break
             self._tokens.append(step.token)

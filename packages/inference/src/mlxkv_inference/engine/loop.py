@@ -63,8 +63,8 @@ def generate_steps(
         logits = binding.decode(tokens, caches)
         if window:
             history = mx.concatenate([history, tokens.astype(mx.int32)])[-window:]
-            for processor in processors:
-                logits = processor(history, logits)
+        for processor in processors:
+            logits = processor(history, logits)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         return sampler(logprobs, index), logprobs.squeeze(0)
 

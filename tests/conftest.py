@@ -1,0 +1,13 @@
+"""Shared fixtures. The embedded model is loaded once per session (it takes seconds)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxkv_inference import MlxAutoregressiveBinding, load_binding
+
+
+@pytest.fixture(scope="session")
+def embedded() -> MlxAutoregressiveBinding:
+    """The real embedded SmolLM2-135M-Instruct model (tests using it are named `..._embedded_...`)."""
+    return load_binding()

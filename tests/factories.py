@@ -1,0 +1,135 @@
+"""Factories for tests: tiny random-weight mlx-lm models with a real byte-level tokenizer."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from mlxkv_inference import KvScheme, Message, MlxAutoregressiveBinding
+from mlx.utils import tree_flatten, tree_unflatten
+
+from mlxkv_inference._mlx_lm import build_model, eval_parameters
+
+TINY_VOCAB = 320
+EOS_ID = 256
+
+_BASE: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "rms_norm_eps": 1e-5,
+    "vocab_size": TINY_VOCAB,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
+}
+
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": {"model_type": "llama"},
+    "qwen3": {"model_type": "qwen3"},
+    # Sliding-window layers (window 8) alternate with global ones: prompts run past the window.
+    "gemma3_text": {
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 4,
+        "sliding_window": 8,
+        "sliding_window_pattern": 2,
+        "query_pre_attn_scalar": 16,
+    },
+    # Hybrid: linear-attention (recurrent) layers with one full-attention layer every 2.
+    "qwen3_next": {
+        "model_type": "qwen3_next",
+        "num_hidden_layers": 4,
+        "full_attention_interval": 2,
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1,
+        "shared_expert_intermediate_size": 64,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": 32,
+        "partial_rotary_factor": 0.5,
+        "tie_word_embeddings": False,
+    },
+}
+
+
+class ByteTokenizer:
+    """A real byte-level tokenizer (256 byte tokens + specials) built with `tokenizers`."""
+
+    def __init__(self) -> None:
+        byte_tokens = pre_tokenizers.ByteLevel.alphabet()
+        vocab = {tok: i for i, tok in enumerate(sorted(byte_tokens))}
+        self._tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+        self._tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        self._tok.decoder = decoders.ByteLevel()
+        self._tok.add_special_tokens(["<eos>"])
+
+    @property
+    def backend(self) -> Tokenizer:
+        return self._tok
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return frozenset({EOS_ID})
+
+    @property
+    def vocab_size(self) -> int:
+        return TINY_VOCAB
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self._tok.decode([i for i in ids if i <= EOS_ID], skip_special_tokens=False))
+
+    def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
+        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+    def content_hash(self) -> str:
+        return hashlib.sha256(self._tok.to_str().encode()).hexdigest()
+
+
+def make_tiny_config(kind: str, **overrides: Any) -> dict[str, Any]:
+    return {**_BASE, **TINY_CONFIGS[kind], **overrides}
+
+
+def make_tiny_binding(kind: str, *, seed: int = 0, kv_scheme: KvScheme = KvScheme(), **overrides: Any) -> MlxAutoregressiveBinding:
+    """A random-weight model of mlx-lm's `kind` class, fixed by `seed`."""
+    config = make_tiny_config(kind, **overrides)
+    mx.random.seed(seed)
+    model = build_model(config)
+    _randomize(model, seed)
+    eval_parameters(model)
+    model.eval()
+    return MlxAutoregressiveBinding(
+        model, ByteTokenizer(), model_id=f"tiny-{kind}", config=config, kv_scheme=kv_scheme, weights_digest=str(seed)
+    )
+
+
+def make_prompt(length: int, seed: int = 1) -> list[int]:
+    """Deterministic prompt ids below the byte range (so any id decodes)."""
+    values = mx.random.randint(0, 256, (length,), key=mx.random.key(seed))
+    return [int(v) for v in values.tolist()]  # type: ignore[union-attr, arg-type]
+
+
+def _randomize(model: Any, seed: int) -> None:
+    """Re-draw every matrix with std 2/sqrt(fan_in): default inits give near-constant greedy output."""
+    leaves: Any = tree_flatten(model.parameters())
+    keys = mx.random.split(mx.random.key(seed), len(leaves))
+    fresh = [
+        (name, mx.random.normal(v.shape, key=keys[i]) * (2.0 / v.shape[-1] ** 0.5) if v.ndim >= 2 else v)
+        for i, (name, v) in enumerate(leaves)
+    ]
+    model.update(tree_unflatten(fresh))
