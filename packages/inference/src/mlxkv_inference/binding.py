@@ -82,7 +82,7 @@ class MlxAutoregressiveBinding:
     def decode(self, tokens: mx.array, caches: list[Any]) -> mx.array:
         """Feed 1-D `tokens` and return the (1, vocab) float32 logits of the last position (lazy)."""
         logits = _mlx_lm.forward(self.model, tokens[None], caches)[:, -1, :]
-        return logits.astype(mx.float32)
+        return logits if logits.dtype == mx.float32 else logits.astype(mx.float32)
 
 
 def config_fingerprint(config: dict[str, Any], kv_scheme: KvScheme, weights_digest: str) -> str:

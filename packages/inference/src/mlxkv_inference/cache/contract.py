@@ -1,0 +1,93 @@
+"""The `CompiledDecodeCache` contract every cache class implements.
+
+A cache declares a stable storage identity (`signature()`), how far it can be trimmed, and how
+the compiled decode step drives it:
+
+    plan = cache.prepare_decode_step()      # eager: grow/rotate buffers, pick the write index
+    slot = cache.decode_slot(plan)          # what the model sees inside the compiled step
+    slot.bind(cache.decode_inputs(plan))    # per-step arrays: buffers, RoPE offset, write index
+    ... model(token, cache=slots) ...       # traced once per (signatures, phases, shapes)
+    cache.commit_decode_step(plan, slot.outputs())
+
+A cache that cannot say what it is is never persisted or routed by guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import mlx.core as mx
+
+DecodePhase = Literal["concat", "ring"]
+
+
+class CacheTrimError(ValueError):
+    """A trim the cache cannot honour (wrapped ring, quantized prefix, recurrent state)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecodePlan:
+    """One decode step of one cache: the token lands at `write_index` of a `capacity` buffer."""
+
+    phase: DecodePhase
+    capacity: int
+    write_index: int
+    offset: int
+
+
+@runtime_checkable
+class DecodeSlot(Protocol):
+    """A cache stand-in the model updates inside the compiled step (array offsets, fixed shapes)."""
+
+    def bind(self, inputs: list[mx.array]) -> None: ...
+
+    def outputs(self) -> list[mx.array]: ...
+
+
+@runtime_checkable
+class CompiledDecodeCache(Protocol):
+    offset: int
+
+    @property
+    def minimum_reusable_offset(self) -> int:
+        """No reuse may trim this cache below this many tokens."""
+        ...
+
+    def is_trimmable(self) -> bool: ...
+
+    def trim(self, n: int, bypass: bool = False) -> int:
+        """Drop the last `n` tokens; returns how many were dropped. Raises `CacheTrimError`."""
+        ...
+
+    def bytes_per_token(self) -> int: ...
+
+    def signature(self) -> str: ...
+
+    def decode_phase(self) -> DecodePhase: ...
+
+    def prepare_decode_step(self) -> DecodePlan | None:
+        """Make room for one token; None when the step cannot run compiled (empty cache)."""
+        ...
+
+    def decode_slot(self, plan: DecodePlan) -> DecodeSlot: ...
+
+    def decode_inputs(self, plan: DecodePlan) -> list[mx.array]: ...
+
+    def commit_decode_step(self, plan: DecodePlan, outputs: list[mx.array]) -> None: ...
+
+    @property
+    def state(self) -> Any: ...
+
+    def dispose(self) -> None: ...
+
+
+@runtime_checkable
+class SpeculativeCache(Protocol):
+    """Recurrent caches: a speculative round can be rolled back exactly."""
+
+    def spec_round_begin(self) -> None: ...
+
+    def spec_round_commit(self) -> None: ...
+
+    def spec_round_rollback(self, keep: int) -> None: ...

@@ -1,0 +1,100 @@
+"""Decode slots: what mlx-lm's layers see as their cache inside the compiled decode step.
+
+Shapes are fixed for a plan (a buffer of `capacity` positions); the RoPE offset and the write
+index enter as arrays, so one trace serves every step until a buffer grows or a ring wraps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+from mlxkv_inference.cache.contract import DecodePlan
+
+
+class KvDecodeSlot:
+    """Plain or rotating KV: write the new token at `write_index`, attend over the buffer."""
+
+    def __init__(self, plan: DecodePlan) -> None:
+        self._plan = plan
+        self.keys = mx.array(0)
+        self.values = mx.array(0)
+        self.offset = mx.array(0)
+        self._write = mx.array(0)
+
+    def bind(self, inputs: list[mx.array]) -> None:
+        self.keys, self.values, self.offset, self._write = inputs
+
+    def outputs(self) -> list[mx.array]:
+        return [self.keys, self.values]
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        at = self._write.reshape(1)
+        self.keys = mx.slice_update(self.keys, keys, at, axes=(2,))
+        self.values = mx.slice_update(self.values, values, at, axes=(2,))
+        return self.keys, self.values
+
+    def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False) -> Any:
+        if self._plan.phase == "ring":
+            if window_size is not None and window_size < self._plan.capacity:
+                raise NotImplementedError("ring window narrower than the buffer runs uncompiled")
+            return None
+        return mx.arange(self._plan.capacity) <= self._write
+
+
+class QuantizedDecodeSlot(KvDecodeSlot):
+    """Affine-quantized KV: (packed, scales, biases) triples for keys and for values."""
+
+    def __init__(self, plan: DecodePlan, group_size: int, bits: int) -> None:
+        super().__init__(plan)
+        self.group_size = group_size
+        self.bits = bits
+        self._keys: list[mx.array] = []
+        self._values: list[mx.array] = []
+
+    def bind(self, inputs: list[mx.array]) -> None:
+        self._keys, self._values = list(inputs[0:3]), list(inputs[3:6])
+        self.offset, self._write = inputs[6], inputs[7]
+
+    def outputs(self) -> list[mx.array]:
+        return [*self._keys, *self._values]
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Any, Any]:  # type: ignore[override]
+        at = self._write.reshape(1)
+        qk = mx.quantize(keys, group_size=self.group_size, bits=self.bits)
+        qv = mx.quantize(values, group_size=self.group_size, bits=self.bits)
+        self._keys = [mx.slice_update(b, u, at, axes=(2,)) for b, u in zip(self._keys, qk)]
+        self._values = [mx.slice_update(b, u, at, axes=(2,)) for b, u in zip(self._values, qv)]
+        return tuple(self._keys), tuple(self._values)
+
+
+class RecurrentDecodeSlot:
+    """Recurrent (conv + SSM) state: fixed-size arrays the layer reads and replaces."""
+
+    def __init__(self, size: int) -> None:
+        self.cache: list[mx.array | None] = [None] * size
+        self.lengths = None
+        self.left_padding = None
+        self.offset = mx.array(0)
+
+    def __getitem__(self, index: int) -> mx.array | None:
+        return self.cache[index]
+
+    def __setitem__(self, index: int, value: mx.array) -> None:
+        self.cache[index] = value
+
+    def bind(self, inputs: list[mx.array]) -> None:
+        *states, self.offset = inputs
+        self.cache = list(states)
+
+    def outputs(self) -> list[mx.array]:
+        out = [c for c in self.cache if c is not None]
+        assert len(out) == len(self.cache), "a recurrent layer cleared its state"
+        return out
+
+    def advance(self, n: int) -> None:
+        pass
+
+    def make_mask(self, n: int) -> None:
+        return None
