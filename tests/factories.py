@@ -133,3 +133,9 @@ def _randomize(model: Any, seed: int) -> None:
         for i, (name, v) in enumerate(leaves)
     ]
     model.update(tree_unflatten(fresh))
+
+
+def greedy_token(logits: mx.array) -> int:
+    value = mx.argmax(logits, axis=-1).item()
+    assert isinstance(value, int)
+    return value

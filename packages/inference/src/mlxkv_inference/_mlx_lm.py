@@ -172,3 +172,20 @@ def mlx_lm_step_tokens(model: nn.Module, prompt: list[int], max_tokens: int, **k
     from mlx_lm.generate import generate_step
 
     return [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens, **kwargs)]
+
+
+def describe_model_caches(model: nn.Module) -> list[tuple[str, dict[str, int]]]:
+    """The kind and parameters of each cache mlx-lm would build for `model`, layer by layer."""
+    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+
+    out: list[tuple[str, dict[str, int]]] = []
+    for cache in make_model_cache(model):
+        if isinstance(cache, RotatingKVCache):
+            out.append(("rotating", {"max_size": int(cache.max_size), "keep": int(cache.keep)}))
+        elif type(cache) is KVCache:
+            out.append(("plain", {}))
+        elif type(cache) is ArraysCache:
+            out.append(("recurrent", {"size": len(cache.cache)}))
+        else:
+            out.append((type(cache).__name__, {}))
+    return out

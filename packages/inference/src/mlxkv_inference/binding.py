@@ -12,31 +12,13 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxkv_inference import _mlx_lm
+from mlxkv_inference.cache.compiled import CompiledDecoder
+from mlxkv_inference.cache.factory import LayerCache, make_caches, maybe_quantize
+from mlxkv_inference.cache.recurrent import RecurrentCache
+from mlxkv_inference.kv_scheme import KvScheme
 from mlxkv_inference.tokenizer.protocol import Tokenizer
 
 DEFAULT_PREFILL_CHUNK = 512
-
-
-@dataclass(frozen=True, slots=True)
-class KvScheme:
-    """How KV is stored: full precision, or affine-quantized from token `quantized_start` on."""
-
-    bits: int | None = None
-    group_size: int = 64
-    quantized_start: int = 0
-
-    def __post_init__(self) -> None:
-        if self.bits not in (None, 4, 8):
-            raise ValueError(f"kv bits={self.bits!r} is not supported; allowed: 4, 8 or none")
-        if self.group_size not in (32, 64, 128):
-            raise ValueError(f"kv group size={self.group_size!r} is not supported; allowed: 32, 64, 128")
-        if self.quantized_start < 0:
-            raise ValueError(f"quantized kv start={self.quantized_start!r} must be >= 0")
-
-    def describe(self) -> str:
-        if self.bits is None:
-            return "full"
-        return f"q{self.bits}g{self.group_size}@{self.quantized_start}"
 
 
 class MlxAutoregressiveBinding:
@@ -60,29 +42,50 @@ class MlxAutoregressiveBinding:
         self.weight_bytes = _mlx_lm.parameter_bytes(model)
         self.tokenizer_hash = tokenizer.content_hash()
         self.config_fingerprint = config_fingerprint(config, kv_scheme, weights_digest)
+        self._compiled = CompiledDecoder(model)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
         return self.tokenizer.eos_token_ids
 
-    def make_cache(self) -> list[Any]:
-        """Fresh per-layer caches for one sequence."""
-        return _mlx_lm.make_model_cache(self.model)
+    @property
+    def compiled_traces(self) -> int:
+        """How many distinct compiled decode steps exist (one per cache-kind combination)."""
+        return self._compiled.num_traces
 
-    def prefill(self, tokens: Sequence[int], caches: list[Any], chunk_size: int = DEFAULT_PREFILL_CHUNK) -> None:
+    def make_cache(self) -> list[LayerCache]:
+        """Fresh per-layer caches for one sequence (kinds from the model's layers)."""
+        return make_caches(self.model)
+
+    def prefill(self, tokens: Sequence[int], caches: list[LayerCache], chunk_size: int = DEFAULT_PREFILL_CHUNK) -> None:
         """Feed `tokens` into `caches` in chunks, evaluating each chunk (no logits kept)."""
         if chunk_size < 1:
             raise ValueError(f"prefill chunk size={chunk_size} must be >= 1")
         for start in range(0, len(tokens), chunk_size):
             chunk = mx.array(list(tokens[start : start + chunk_size]))[None]
-            _mlx_lm.forward(self.model, chunk, caches)
+            self._forward(chunk, caches)
             mx.eval([c.state for c in caches])
             mx.clear_cache()
 
-    def decode(self, tokens: mx.array, caches: list[Any]) -> mx.array:
-        """Feed 1-D `tokens` and return the (1, vocab) float32 logits of the last position (lazy)."""
-        logits = _mlx_lm.forward(self.model, tokens[None], caches)[:, -1, :]
+    def decode(self, tokens: mx.array, caches: list[LayerCache]) -> mx.array:
+        """Feed 1-D `tokens` through the ordinary graph; (1, vocab) float32 logits of the last one."""
+        logits = self._forward(tokens[None], caches)[:, -1, :]
         return logits if logits.dtype == mx.float32 else logits.astype(mx.float32)
+
+    def decode_compiled(self, token: mx.array, caches: list[LayerCache]) -> mx.array | None:
+        """The compiled single-token step; None when the caches cannot run it yet (empty)."""
+        logits = self._compiled.step(token, caches)
+        if logits is not None:
+            maybe_quantize(caches, self.kv_scheme)
+        return logits
+
+    def _forward(self, tokens: mx.array, caches: list[LayerCache]) -> mx.array:
+        logits = _mlx_lm.forward(self.model, tokens, list(caches))
+        for cache in caches:
+            if isinstance(cache, RecurrentCache):
+                cache.count_tokens(tokens.shape[1])
+        maybe_quantize(caches, self.kv_scheme)
+        return logits
 
 
 def config_fingerprint(config: dict[str, Any], kv_scheme: KvScheme, weights_digest: str) -> str:

@@ -6,6 +6,7 @@ the compiled decode step drives it:
     plan = cache.prepare_decode_step()      # eager: grow/rotate buffers, pick the write index
     slot = cache.decode_slot(plan)          # what the model sees inside the compiled step
     slot.bind(cache.decode_inputs(plan))    # per-step arrays: buffers, RoPE offset, write index
+    ...
     ... model(token, cache=slots) ...       # traced once per (signatures, phases, shapes)
     cache.commit_decode_step(plan, slot.outputs())
 
@@ -39,6 +40,11 @@ class DecodePlan:
 @runtime_checkable
 class DecodeSlot(Protocol):
     """A cache stand-in the model updates inside the compiled step (array offsets, fixed shapes)."""
+
+    @property
+    def num_outputs(self) -> int:
+        """How many arrays `outputs()` returns (the cache's new buffers)."""
+        ...
 
     def bind(self, inputs: list[mx.array]) -> None: ...
 

@@ -17,11 +17,14 @@ class KvDecodeSlot:
     """Plain or rotating KV: write the new token at `write_index`, attend over the buffer."""
 
     def __init__(self, plan: DecodePlan) -> None:
-        self._plan = plan
+        # Only the phase is baked into a trace; capacities come from the bound buffers' shapes.
+        self._phase = plan.phase
         self.keys = mx.array(0)
         self.values = mx.array(0)
         self.offset = mx.array(0)
         self._write = mx.array(0)
+
+    num_outputs = 2
 
     def bind(self, inputs: list[mx.array]) -> None:
         self.keys, self.values, self.offset, self._write = inputs
@@ -36,11 +39,14 @@ class KvDecodeSlot:
         return self.keys, self.values
 
     def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False) -> Any:
-        if self._plan.phase == "ring":
-            if window_size is not None and window_size < self._plan.capacity:
+        if self._phase == "ring":
+            if window_size is not None and window_size < self._capacity():
                 raise NotImplementedError("ring window narrower than the buffer runs uncompiled")
             return None
-        return mx.arange(self._plan.capacity) <= self._write
+        return mx.arange(self._capacity()) <= self._write
+
+    def _capacity(self) -> int:
+        return self.keys.shape[2]
 
 
 class QuantizedDecodeSlot(KvDecodeSlot):
@@ -53,6 +59,8 @@ class QuantizedDecodeSlot(KvDecodeSlot):
         self._keys: list[mx.array] = []
         self._values: list[mx.array] = []
 
+    num_outputs = 6
+
     def bind(self, inputs: list[mx.array]) -> None:
         self._keys, self._values = list(inputs[0:3]), list(inputs[3:6])
         self.offset, self._write = inputs[6], inputs[7]
@@ -60,13 +68,16 @@ class QuantizedDecodeSlot(KvDecodeSlot):
     def outputs(self) -> list[mx.array]:
         return [*self._keys, *self._values]
 
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Any, Any]:  # type: ignore[override]
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Any, Any]:
         at = self._write.reshape(1)
         qk = mx.quantize(keys, group_size=self.group_size, bits=self.bits)
         qv = mx.quantize(values, group_size=self.group_size, bits=self.bits)
         self._keys = [mx.slice_update(b, u, at, axes=(2,)) for b, u in zip(self._keys, qk)]
         self._values = [mx.slice_update(b, u, at, axes=(2,)) for b, u in zip(self._values, qv)]
         return tuple(self._keys), tuple(self._values)
+
+    def _capacity(self) -> int:
+        return self._keys[0].shape[2]
 
 
 class RecurrentDecodeSlot:
@@ -77,6 +88,7 @@ class RecurrentDecodeSlot:
         self.lengths = None
         self.left_padding = None
         self.offset = mx.array(0)
+        self.num_outputs = size
 
     def __getitem__(self, index: int) -> mx.array | None:
         return self.cache[index]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
+from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
 from mlxkv_inference.engine.logits import context_window, make_logits_processors
 from mlxkv_inference.engine.loop import TokenStep, cached_tokens, generate_steps
@@ -23,6 +24,7 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     ignore_eos: bool = False  # generate max_tokens even past EOS (benchmarks)
+    compiled_decode: bool = True
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -66,7 +68,7 @@ class Generation:
         binding: MlxAutoregressiveBinding,
         prompt: Sequence[int],
         params: GenerationParams,
-        caches: list[Any] | None = None,
+        caches: list[LayerCache] | None = None,
         *,
         history: Sequence[int] = (),
     ) -> None:
@@ -100,6 +102,7 @@ class Generation:
             prefill_chunk=self._params.prefill_chunk,
             first_step=self._first_step,
             on_prefill_done=self._mark_first,
+            compiled_decode=self._params.compiled_decode,
         )
         for step in steps:
             if step.token in self._binding.eos_token_ids and not self._params.ignore_eos:

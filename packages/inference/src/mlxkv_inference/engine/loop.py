@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,8 +16,11 @@ import mlx.core as mx
 
 from mlxkv_inference import _mlx_lm
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
+from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.engine.logits import LogitsProcessor
 from mlxkv_inference.engine.sampling import Sampler
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +35,7 @@ class TokenStep:
 def generate_steps(
     binding: MlxAutoregressiveBinding,
     prompt: Sequence[int],
-    caches: list[Any],
+    caches: list[LayerCache],
     *,
     sampler: Sampler,
     max_tokens: int,
@@ -40,6 +44,7 @@ def generate_steps(
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     first_step: int = 0,
     on_prefill_done: Callable[[], None] | None = None,
+    compiled_decode: bool = True,
 ) -> Iterator[TokenStep]:
     """Yield up to `max_tokens` tokens continuing `prompt` (which must not be empty).
 
@@ -58,9 +63,11 @@ def generate_steps(
     window = context_window if processors else 0
     history = mx.array(list(prompt[:-1])[-window:] if window else [], dtype=mx.int32)
 
+    decode = _Decoder(binding, caches, compiled_decode)
+
     def step(tokens: mx.array, index: int) -> tuple[mx.array, mx.array]:
         nonlocal history
-        logits = binding.decode(tokens, caches)
+        logits = decode(tokens)
         if window:
             history = mx.concatenate([history, tokens.astype(mx.int32)])[-window:]
         for processor in processors:
@@ -84,7 +91,28 @@ def generate_steps(
             y, logprobs = next_y, next_logprobs
 
 
-def cached_tokens(caches: list[Any]) -> int:
+class _Decoder:
+    """One generation's decode: compiled single-token steps while they work, else the graph."""
+
+    def __init__(self, binding: MlxAutoregressiveBinding, caches: list[LayerCache], compiled: bool) -> None:
+        self._binding = binding
+        self._caches = caches
+        self.compiled = compiled
+
+    def __call__(self, tokens: mx.array) -> mx.array:
+        if self.compiled and tokens.size == 1:
+            try:
+                logits = self._binding.decode_compiled(tokens, self._caches)
+            except Exception as e:  # noqa: BLE001 - any trace failure means: run this graph uncompiled
+                log.warning("compiled decode disabled for this generation: %s: %s", type(e).__name__, e)
+                self.compiled = False
+            else:
+                if logits is not None:
+                    return logits
+        return self._binding.decode(tokens, self._caches)
+
+
+def cached_tokens(caches: Sequence[Any]) -> int:
     """Tokens the caches already hold (the smallest offset among layers that track one)."""
     offsets = {int(c.offset) for c in caches if hasattr(c, "offset")}
     return min(offsets) if offsets else 0

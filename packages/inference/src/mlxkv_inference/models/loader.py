@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from mlxkv_inference import _mlx_lm
-from mlxkv_inference.binding import KvScheme, MlxAutoregressiveBinding
+from mlxkv_inference.binding import MlxAutoregressiveBinding
+from mlxkv_inference.kv_scheme import KvScheme
 from mlxkv_inference.errors import ModelLoadError
 from mlxkv_inference.models.embedded import EMBEDDED_MODEL_ID, embedded_model_path
 from mlxkv_inference.models.gguf import load_gguf

@@ -1,0 +1,77 @@
+"""The compiled single-token decode step.
+
+One `mx.compile`d function runs embed -> layers -> norm -> logits with every layer's cache
+replaced by a decode slot. Buffers, RoPE offsets and ring write positions are inputs, so the
+trace is reused across steps and generations; it is keyed by the caches' (signature, phase),
+and MLX retraces by itself only when an input shape changes (a buffer grew).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlxkv_inference import _mlx_lm
+from mlxkv_inference.cache.contract import DecodeSlot
+from mlxkv_inference.cache.factory import LayerCache
+
+log = logging.getLogger(__name__)
+
+StepKey = tuple[tuple[str, str, int], ...]
+StepFn = Callable[..., list[mx.array]]
+
+
+class CompiledDecoder:
+    """Holds the compiled steps of one model, keyed by the caches' signatures and phases."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._model = model
+        self._steps: dict[StepKey, tuple[StepFn, list[int]]] = {}
+
+    @property
+    def num_traces(self) -> int:
+        return len(self._steps)
+
+    def step(self, token: mx.array, caches: Sequence[LayerCache]) -> mx.array | None:
+        """(1, vocab) logits for one token, or None when some cache cannot run compiled yet.
+
+        Caches change only in `commit_decode_step`, after the compiled call returned, so an
+        exception from the step leaves them exactly as the uncompiled path expects them.
+        """
+        plans = [c.prepare_decode_step() for c in caches]
+        if any(p is None for p in plans):
+            return None
+        ready = [(c, p) for c, p in zip(caches, plans) if p is not None]
+        inputs = [c.decode_inputs(p) for c, p in ready]
+        key: StepKey = tuple((c.signature(), p.phase, len(i)) for (c, p), i in zip(ready, inputs))
+        if key not in self._steps:
+            slots: list[DecodeSlot] = [c.decode_slot(p) for c, p in ready]
+            self._steps[key] = (self._build(slots, [len(i) for i in inputs]), [s.num_outputs for s in slots])
+        fn, counts = self._steps[key]
+        outputs = fn(token.reshape(1, 1), *(a for group in inputs for a in group))
+        logits, rest = outputs[0], outputs[1:]
+        for (cache, plan), n in zip(ready, counts):
+            cache.commit_decode_step(plan, rest[:n])
+            rest = rest[n:]
+        return logits
+
+    def _build(self, slots: list[DecodeSlot], sizes: list[int]) -> StepFn:
+        model = self._model
+
+        def run(token: mx.array, *flat: mx.array) -> list[mx.array]:
+            at = 0
+            for slot, n in zip(slots, sizes):
+                slot.bind(list(flat[at : at + n]))
+                at += n
+            logits = _mlx_lm.forward(model, token, list(slots))[:, -1, :]
+            if logits.dtype != mx.float32:
+                logits = logits.astype(mx.float32)
+            return [logits, *(o for slot in slots for o in slot.outputs())]
+
+        compiled: StepFn = mx.compile(run)
+        return compiled
+

@@ -1,0 +1,340 @@
+"""Full-precision KV caches: plain (grows in 256-token steps) and rotating (sliding window).
+
+Buffer arithmetic follows mlx-lm's `KVCache` / `RotatingKVCache` exactly, so greedy output is
+token-for-token identical to mlx-lm's; on top they implement the `CompiledDecodeCache` contract.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+from mlxkv_inference.cache.contract import CacheTrimError, DecodePhase, DecodePlan
+from mlxkv_inference.cache.slots import KvDecodeSlot
+
+STEP = 256
+
+
+class PlainKVCache:
+    """Keys and values for every token; trimmable to any length."""
+
+    step = STEP
+
+    def __init__(self) -> None:
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+        self.offset = 0
+
+    # -- mlx-lm cache interface -------------------------------------------------------------
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        prev = self.offset
+        self._reserve(keys, values, keys.shape[2])
+        assert self.keys is not None and self.values is not None
+        self.offset += keys.shape[2]
+        self.keys[..., prev : self.offset, :] = keys
+        self.values[..., prev : self.offset, :] = values
+        return self._fetch()
+
+    def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False) -> Any:
+        return causal_mask(n, self.offset, window_size, return_array)
+
+    def size(self) -> int:
+        return self.offset
+
+    def empty(self) -> bool:
+        return self.keys is None
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None or self.values is None else self.keys.nbytes + self.values.nbytes
+
+    @property
+    def state(self) -> tuple[mx.array | None, mx.array | None, int]:
+        return self.keys, self.values, self.offset
+
+    # -- contract ------------------------------------------------------------------------
+    @property
+    def minimum_reusable_offset(self) -> int:
+        return 0
+
+    def signature(self) -> str:
+        return "kv.plain/1"
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int, bypass: bool = False) -> int:
+        n = _check_trim(n, self.offset)
+        self.offset -= n
+        return n
+
+    def bytes_per_token(self) -> int:
+        return _bytes_per_token(self.keys, self.values)
+
+    def decode_phase(self) -> DecodePhase:
+        return "concat"
+
+    def prepare_decode_step(self) -> DecodePlan | None:
+        if self.keys is None or self.values is None:
+            return None
+        self._reserve(self.keys, self.values, 1)
+        assert self.keys is not None
+        return DecodePlan("concat", self.keys.shape[2], self.offset, self.offset)
+
+    def decode_slot(self, plan: DecodePlan) -> KvDecodeSlot:
+        return KvDecodeSlot(plan)
+
+    def decode_inputs(self, plan: DecodePlan) -> list[mx.array]:
+        assert self.keys is not None and self.values is not None
+        position = mx.array(plan.offset, dtype=mx.int32)
+        return [self.keys, self.values, position, position]
+
+    def commit_decode_step(self, plan: DecodePlan, outputs: list[mx.array]) -> None:
+        self.keys, self.values = outputs
+        self.offset = plan.offset + 1
+
+    def dispose(self) -> None:
+        self.keys = self.values = None
+        self.offset = 0
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _reserve(self, keys: mx.array, values: mx.array, n: int) -> None:
+        """Grow the buffers (in whole steps) so `n` more tokens fit after `offset`."""
+        prev = self.offset
+        if self.keys is not None and self.values is not None and prev + n <= self.keys.shape[2]:
+            return
+        b, heads, _, k_dim = keys.shape
+        n_steps = (self.step + n - 1) // self.step
+        new_k = mx.zeros((b, heads, n_steps * self.step, k_dim), keys.dtype)
+        new_v = mx.zeros((b, heads, n_steps * self.step, values.shape[3]), values.dtype)
+        if self.keys is None or self.values is None:
+            self.keys, self.values = new_k, new_v
+            return
+        if prev % self.step != 0:
+            self.keys, self.values = self.keys[..., :prev, :], self.values[..., :prev, :]
+        self.keys = mx.concatenate([self.keys, new_k], axis=2)
+        self.values = mx.concatenate([self.values, new_v], axis=2)
+
+    def _fetch(self) -> tuple[mx.array, mx.array]:
+        assert self.keys is not None and self.values is not None
+        if self.offset < self.keys.shape[2]:
+            return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+        return self.keys, self.values
+
+
+class RotatingKVCache:
+    """A sliding window of `max_size` tokens (the first `keep` are never evicted).
+
+    Phase "concat" until the window fills, then "ring": each token overwrites the oldest. Once
+    wrapped, evicted tokens are gone, so the cache is no longer trimmable, except
+    `trim(n, bypass=True)` right after a multi-token write, which shrinks the buffer tail.
+    """
+
+    step = STEP
+
+    def __init__(self, max_size: int, keep: int = 0) -> None:
+        if max_size < 1 or not 0 <= keep < max_size:
+            raise ValueError(f"rotating cache needs max_size >= 1 and 0 <= keep < max_size; got {max_size}, {keep}")
+        self.max_size = max_size
+        self.keep = keep
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+        self.offset = 0
+        self._idx = 0
+        self._after_multi_write = False
+
+    # -- mlx-lm cache interface -------------------------------------------------------------
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        if keys.shape[2] == 1:
+            self._after_multi_write = False
+            return self._update_in_place(keys, values)
+        self._after_multi_write = True
+        return self._update_concat(keys, values)
+
+    def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False) -> Any:
+        if n > 1:
+            window = window_size or self.max_size
+            offset = min(self.max_size - 1, self.offset)
+            if offset + n > window or return_array:
+                return _mlx_causal(n, offset, window)
+            return "causal"
+        if window_size is None or not (self.offset >= window_size and self.max_size > window_size):
+            return None
+        idx = 0 if self._idx >= self.max_size else self._idx
+        size = self.offset + 1 if self.offset < self.max_size else self.max_size
+        return mx.roll(mx.arange(size) >= (size - window_size), idx + 1)
+
+    def size(self) -> int:
+        return min(self.offset, self.max_size)
+
+    def empty(self) -> bool:
+        return self.keys is None
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None or self.values is None else self.keys.nbytes + self.values.nbytes
+
+    @property
+    def state(self) -> tuple[mx.array | None, mx.array | None, int, int, int, int]:
+        return self.keys, self.values, self.offset, self.keep, self.max_size, self._idx
+
+    @property
+    def ring_index(self) -> int:
+        return self._idx
+
+    # -- contract ------------------------------------------------------------------------
+    @property
+    def minimum_reusable_offset(self) -> int:
+        return 0
+
+    def signature(self) -> str:
+        return "kv.rotating/1"
+
+    def is_trimmable(self) -> bool:
+        return self.offset < self.max_size
+
+    def trim(self, n: int, bypass: bool = False) -> int:
+        n = _check_trim(n, self.offset)
+        if n == 0:
+            return 0
+        if bypass and self._after_multi_write and self.keys is not None and self.values is not None:
+            # The buffer is in temporal order right after a multi-token write: cut its tail.
+            end = self.keys.shape[2] - n
+            if end < 1:
+                raise CacheTrimError(f"cannot trim {n} of the {self.keys.shape[2]} buffered tokens")
+            self.keys, self.values = self.keys[..., :end, :], self.values[..., :end, :]
+            self.offset -= n
+            self._idx = end
+            return n
+        if bypass:
+            raise CacheTrimError("bypass trim is only possible right after a multi-token write")
+        if not self.is_trimmable():
+            raise CacheTrimError(f"rotating cache wrapped at {self.max_size} tokens (offset {self.offset}); it cannot be trimmed")
+        self.offset -= n
+        self._idx -= n
+        return n
+
+    def bytes_per_token(self) -> int:
+        return _bytes_per_token(self.keys, self.values)
+
+    def decode_phase(self) -> DecodePhase:
+        return "ring" if self.offset >= self.max_size else "concat"
+
+    def prepare_decode_step(self) -> DecodePlan | None:
+        if self.keys is None or self.values is None:
+            return None
+        self._prepare_in_place(self.keys, self.values)
+        assert self.keys is not None
+        return DecodePlan(self.decode_phase(), self.keys.shape[2], self._idx, self.offset)
+
+    def decode_slot(self, plan: DecodePlan) -> KvDecodeSlot:
+        return KvDecodeSlot(plan)
+
+    def decode_inputs(self, plan: DecodePlan) -> list[mx.array]:
+        assert self.keys is not None and self.values is not None
+        return [self.keys, self.values, mx.array(plan.offset, dtype=mx.int32), mx.array(plan.write_index, dtype=mx.int32)]
+
+    def commit_decode_step(self, plan: DecodePlan, outputs: list[mx.array]) -> None:
+        self.keys, self.values = outputs
+        self.offset = plan.offset + 1
+        self._idx = plan.write_index + 1
+        self._after_multi_write = False
+
+    def dispose(self) -> None:
+        self.keys = self.values = None
+        self.offset = self._idx = 0
+
+    # -- helpers (mlx-lm's RotatingKVCache arithmetic) --------------------------------------
+    def _trim_front(self, trim_size: int, v: mx.array, append: mx.array | None = None) -> mx.array:
+        parts = [v[..., : self.keep, :], v[..., trim_size + self.keep :, :]] if trim_size > 0 else [v]
+        if append is not None:
+            parts.append(append)
+        return mx.concatenate(parts, axis=2)
+
+    def _temporal_order(self, v: mx.array) -> mx.array:
+        if self._idx == v.shape[2]:
+            return v
+        if self._idx < self.offset:
+            return mx.concatenate([v[..., : self.keep, :], v[..., self._idx :, :], v[..., self.keep : self._idx, :]], axis=2)
+        return v[..., : self._idx, :]
+
+    def _update_concat(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        if self.keys is None or self.values is None:
+            self.keys, self.values = keys, values
+        else:
+            self.keys, self.values = self._temporal_order(self.keys), self._temporal_order(self.values)
+            self._idx = self.keys.shape[2]
+            # Keep max_size - 1 old tokens so every new token sees a full window.
+            trim_size = self._idx - self.max_size + 1
+            self.keys = self._trim_front(trim_size, self.keys, keys)
+            self.values = self._trim_front(trim_size, self.values, values)
+        self.offset += keys.shape[2]
+        self._idx = self.keys.shape[2]
+        return self.keys, self.values
+
+    def _prepare_in_place(self, keys: mx.array, values: mx.array) -> None:
+        prev = self.offset
+        if self.keys is None or self.values is None or (prev >= self.keys.shape[2] and self.keys.shape[2] < self.max_size):
+            b, heads, _, k_dim = keys.shape
+            new_size = min(self.step, self.max_size - prev)
+            new_k = mx.zeros((b, heads, new_size, k_dim), keys.dtype)
+            new_v = mx.zeros((b, heads, new_size, values.shape[3]), values.dtype)
+            if self.keys is None or self.values is None:
+                self.keys, self.values = new_k, new_v
+            else:
+                self.keys = mx.concatenate([self.keys, new_k], axis=2)
+                self.values = mx.concatenate([self.values, new_v], axis=2)
+            self._idx = prev
+        trim_size = self.keys.shape[2] - self.max_size
+        if trim_size > 0:
+            self.keys = self._trim_front(trim_size, self.keys)
+            self.values = self._trim_front(trim_size, self.values)
+            self._idx = self.max_size
+        if self._idx == self.max_size:
+            self._idx = self.keep
+
+    def _update_in_place(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self._prepare_in_place(keys, values)
+        assert self.keys is not None and self.values is not None
+        n = keys.shape[2]
+        self.keys[..., self._idx : self._idx + n, :] = keys
+        self.values[..., self._idx : self._idx + n, :] = values
+        self.offset += n
+        self._idx += n
+        if self.offset < self.keys.shape[2]:
+            return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+        return self.keys, self.values
+
+
+def causal_mask(n: int, offset: int, window_size: int | None, return_array: bool) -> Any:
+    """mlx-lm's mask choice for a cache at `offset` receiving `n` tokens."""
+    if window_size is not None:
+        return _mlx_causal(n, offset, window_size)
+    if n == 1:
+        return None
+    return _mlx_causal(n, offset, None) if return_array else "causal"
+
+
+def _mlx_causal(n: int, offset: int, window_size: int | None) -> mx.array:
+    right = mx.arange(offset + n)
+    left = (mx.arange(offset, offset + n) if offset else right)[:, None]
+    mask = left >= right[None]
+    if window_size is not None:
+        mask = mask & (left < right[None] + window_size)
+    return mask
+
+
+def _check_trim(n: int, offset: int) -> int:
+    if n < 0:
+        raise ValueError(f"trim count must be >= 0, got {n}")
+    return min(n, offset)
+
+
+def _bytes_per_token(*buffers: mx.array | None) -> int:
+    """Bytes one token occupies across (batch, heads, tokens, dim) buffers."""
+    total = 0
+    for b in buffers:
+        if b is not None:
+            total += b.shape[0] * b.shape[1] * b.shape[3] * b.itemsize
+    return total

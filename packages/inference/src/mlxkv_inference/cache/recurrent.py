@@ -1,0 +1,115 @@
+"""Recurrent state (convolution and SSM/linear-attention arrays) for hybrid and Mamba-like layers.
+
+The state summarises every token seen, so it cannot be trimmed and holds no per-token bytes.
+Speculative rounds snapshot the state (MLX arrays are immutable, so a snapshot is a list of
+references); a rollback restores the pre-round state, and the engine replays the accepted tokens
+one at a time, exactly as ordinary decode would have fed them (see `engine/speculation.py`).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from mlxkv_inference.cache.contract import CacheTrimError, DecodePhase, DecodePlan
+from mlxkv_inference.cache.slots import RecurrentDecodeSlot
+
+
+class RecurrentCache:
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"recurrent cache size must be >= 1, got {size}")
+        self.cache: list[mx.array | None] = [None] * size
+        self.lengths: mx.array | None = None
+        self.left_padding: mx.array | None = None
+        self.offset = 0  # tokens fed, counted by the binding (models do not all report it)
+        self._round: tuple[list[mx.array | None], int] | None = None
+
+    # -- mlx-lm cache interface -------------------------------------------------------------
+    def __getitem__(self, index: int) -> mx.array | None:
+        return self.cache[index]
+
+    def __setitem__(self, index: int, value: mx.array) -> None:
+        self.cache[index] = value
+
+    def advance(self, n: int) -> None:
+        """Called by mlx-lm layers after consuming `n` tokens (only batching state moves)."""
+
+    def make_mask(self, n: int) -> None:
+        return None
+
+    def empty(self) -> bool:
+        return self.cache[0] is None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.cache if c is not None)
+
+    @property
+    def state(self) -> list[mx.array | None]:
+        return self.cache
+
+    def count_tokens(self, n: int) -> None:
+        self.offset += n
+
+    # -- contract ------------------------------------------------------------------------
+    @property
+    def minimum_reusable_offset(self) -> int:
+        # Only reusable at exactly the point it summarises.
+        return self.offset
+
+    def signature(self) -> str:
+        return "recurrent.arrays/1"
+
+    def is_trimmable(self) -> bool:
+        return False
+
+    def trim(self, n: int, bypass: bool = False) -> int:
+        if n == 0:
+            return 0
+        raise CacheTrimError(f"recurrent state cannot be trimmed (asked to drop {n} of {self.offset} tokens)")
+
+    def bytes_per_token(self) -> int:
+        return 0
+
+    def decode_phase(self) -> DecodePhase:
+        return "ring"
+
+    def prepare_decode_step(self) -> DecodePlan | None:
+        if any(c is None for c in self.cache):
+            return None
+        return DecodePlan("ring", 0, 0, self.offset)
+
+    def decode_slot(self, plan: DecodePlan) -> RecurrentDecodeSlot:
+        return RecurrentDecodeSlot(len(self.cache))
+
+    def decode_inputs(self, plan: DecodePlan) -> list[mx.array]:
+        states = [c for c in self.cache if c is not None]
+        return [*states, mx.array(plan.offset, dtype=mx.int32)]
+
+    def commit_decode_step(self, plan: DecodePlan, outputs: list[mx.array]) -> None:
+        self.cache = list(outputs)
+        self.offset = plan.offset + 1
+
+    def dispose(self) -> None:
+        self.cache = [None] * len(self.cache)
+        self.offset = 0
+        self._round = None
+
+    # -- speculative rounds --------------------------------------------------------------------
+    def spec_round_begin(self) -> None:
+        if self._round is not None:
+            raise RuntimeError("a speculative round is already open")
+        self._round = (list(self.cache), self.offset)
+
+    def spec_round_commit(self) -> None:
+        self._round = None
+
+    def spec_round_rollback(self, keep: int) -> None:
+        """Restore the pre-round state; the caller replays the first `keep` round tokens."""
+        if self._round is None:
+            raise RuntimeError("no speculative round is open")
+        fed = self.offset - self._round[1]
+        if not 0 <= keep <= fed:
+            raise ValueError(f"keep={keep} must be within the {fed} tokens fed this round")
+        self.cache, self.offset = list(self._round[0]), self._round[1]
+        self._round = None
