@@ -1,7 +1,7 @@
 """mlxkv inference: model binding, caches, the autoregressive loop and the sampler."""
 
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
-from mlxkv_inference.kv_scheme import KvScheme
+from mlxkv_inference.kv_scheme import DEFAULT_QUANTIZED_KV_START, KvScheme
 from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
 from mlxkv_inference.engine.generate import Generation, GenerationParams, GenerationResult, TextDelta
 from mlxkv_inference.engine.loop import TokenStep, generate_steps
@@ -13,6 +13,7 @@ from mlxkv_inference.tokenizer.protocol import Message, Tokenizer
 
 __all__ = [
     "DEFAULT_PREFILL_CHUNK",
+    "DEFAULT_QUANTIZED_KV_START",
     "EMBEDDED_MODEL_ID",
     "Generation",
     "GenerationParams",

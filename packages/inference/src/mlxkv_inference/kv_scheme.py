@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# mlx-lm's default: short contexts stay in full precision even with --kv-bits.
+DEFAULT_QUANTIZED_KV_START = 5000
+
+
 @dataclass(frozen=True, slots=True)
 class KvScheme:
     """How KV is stored: full precision, or affine-quantized from token `quantized_start` on."""
 
     bits: int | None = None
     group_size: int = 64
-    quantized_start: int = 0
+    quantized_start: int = DEFAULT_QUANTIZED_KV_START
 
     def __post_init__(self) -> None:
         if self.bits not in (None, 4, 8):

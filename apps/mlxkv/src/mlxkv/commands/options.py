@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from mlxkv_inference import DEFAULT_PREFILL_CHUNK, GenerationParams, KvScheme, SamplingParams
+from mlxkv_inference import DEFAULT_PREFILL_CHUNK, DEFAULT_QUANTIZED_KV_START, GenerationParams, KvScheme, SamplingParams
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -20,9 +20,16 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--quantized-kv-start",
         type=int,
-        default=0,
+        default=DEFAULT_QUANTIZED_KV_START,
         metavar="N",
-        help="with --kv-bits: keep the first N tokens in full precision, quantize from then on (default: 0)",
+        help="with --kv-bits: full-precision KV until the cache holds N tokens, quantized from then on "
+        f"(default: {DEFAULT_QUANTIZED_KV_START}, as mlx-lm)",
+    )
+    group.add_argument(
+        "--no-compiled-decode",
+        dest="compiled_decode",
+        action="store_false",
+        help="run every decode step through the ordinary graph instead of the compiled single-token step",
     )
 
 
@@ -63,5 +70,9 @@ def generation_params_from(args: argparse.Namespace) -> GenerationParams:
         seed=args.seed,
     )
     return GenerationParams(
-        max_tokens=args.max_tokens, sampling=sampling, stop=tuple(args.stop), prefill_chunk=args.prefill_step_size
+        max_tokens=args.max_tokens,
+        sampling=sampling,
+        stop=tuple(args.stop),
+        prefill_chunk=args.prefill_step_size,
+        compiled_decode=args.compiled_decode,
     )

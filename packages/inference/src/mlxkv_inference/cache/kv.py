@@ -183,6 +183,14 @@ class RotatingKVCache:
     def ring_index(self) -> int:
         return self._idx
 
+    def restore_ring(self, keys: mx.array, values: mx.array, offset: int, ring_index: int) -> None:
+        """Install persisted buffers (what the codec wrote: the buffer up to min(len, offset))."""
+        if keys.shape != values.shape[:3] + (keys.shape[3],) or keys.shape[2] > max(offset, 1) + self.max_size:
+            raise ValueError(f"ring buffers of shape {keys.shape} do not fit offset {offset} and window {self.max_size}")
+        if not 0 <= ring_index <= keys.shape[2]:
+            raise ValueError(f"ring index {ring_index} is outside the {keys.shape[2]}-token buffer")
+        self.keys, self.values, self.offset, self._idx = keys, values, offset, ring_index
+
     # -- contract ------------------------------------------------------------------------
     @property
     def minimum_reusable_offset(self) -> int:
