@@ -10,6 +10,7 @@ import mlx.core as mx
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from mlxkv_inference import KvScheme, Message, MlxAutoregressiveBinding
+from mlxkv_inference.cache.kv import PlainKVCache
 from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxkv_inference._mlx_lm import build_model, eval_parameters
@@ -139,3 +140,22 @@ def greedy_token(logits: mx.array) -> int:
     value = mx.argmax(logits, axis=-1).item()
     assert isinstance(value, int)
     return value
+
+
+def make_identity(binding: MlxAutoregressiveBinding) -> Any:
+    from mlxkv_ssd_cache import KvIdentity
+
+    return KvIdentity(binding.model_id, binding.tokenizer_hash, binding.config_fingerprint)
+
+
+def make_plain_caches(num_tokens: int, layers: int = 2, seed: int = 0, dtype: mx.Dtype = mx.float32) -> list[PlainKVCache]:
+    """Model-free plain KV caches holding `num_tokens` random tokens (for store tests)."""
+    caches = []
+    for layer in range(layers):
+        cache = PlainKVCache()
+        if num_tokens:
+            k = mx.random.normal((1, 2, num_tokens, 32), key=mx.random.key(seed * 100 + layer)).astype(dtype)
+            cache.update_and_fetch(k, -k)
+        caches.append(cache)
+    mx.eval([c.state for c in caches])
+    return caches

@@ -29,13 +29,14 @@ from mlxkv_ssd_cache._dtypes import SlotBuffer, dtype_from_name, dtype_name, ten
 from mlxkv_ssd_cache.errors import (
     ChecksumMismatchError, KvFileError, NotAKvFileError, ShortReadError, SlotDecodeError, VersionMismatchError,
 )
-from mlxkv_ssd_cache.slot_codec import SlotPolicy, choose_codec, decode_slot_into, encode_slot
+from mlxkv_ssd_cache.slot_codec import SlotPolicy, choose_codec, compressed_size_matches, decode_slot_into, encode_slot
 
 MAGIC = b"MLXKV\x00\r\n"
 CONTAINER_VERSION = 1
 _PREFIX = struct.Struct("<8sIIQ")
 ALIGN = 64
 MAX_HEADER_BYTES = 64 << 20
+MAX_SLOT_BYTES = 16 << 30
 
 Tensors = tuple[tuple[str, mx.array], ...]
 
@@ -136,19 +137,25 @@ def _read_slot(f: BinaryIO, slot: TensorSlot, data_start: int, available: int) -
         raise ShortReadError(f"slot {slot.name!r} ends past the end of the file (truncated)")
     if slot.codec == "raw" and slot.stored_bytes != slot.raw_bytes:
         raise SlotDecodeError(f"raw slot {slot.name!r} stores {slot.stored_bytes} of {slot.raw_bytes} bytes")
-    buffer = SlotBuffer(slot.raw_bytes)
     f.seek(data_start + slot.offset)
     if slot.codec == "raw":
-        target = buffer.view
-    else:
-        target = memoryview(bytearray(slot.stored_bytes))
+        buffer = SlotBuffer(slot.raw_bytes)  # read straight into MLX memory
+        _read_exactly(f, buffer.view, slot)
+        return buffer.tensor(dtype, slot.shape)
+    stored = memoryview(bytearray(slot.stored_bytes))
+    _read_exactly(f, stored, slot)
+    if slot.raw_bytes > MAX_SLOT_BYTES or not compressed_size_matches(stored, slot.raw_bytes):
+        raise SlotDecodeError(f"slot {slot.name!r}: compressed frame does not declare {slot.raw_bytes} bytes")
+    buffer = SlotBuffer(slot.raw_bytes)
+    decode_slot_into(stored, slot.codec, dtype.size, buffer.view)
+    return buffer.tensor(dtype, slot.shape)
+
+
+def _read_exactly(f: BinaryIO, target: memoryview, slot: TensorSlot) -> None:
     if f.readinto(target) != slot.stored_bytes:  # type: ignore[attr-defined]
         raise ShortReadError(f"slot {slot.name!r} is cut short")
     if xxhash.xxh3_64_intdigest(target) != slot.checksum:
         raise ChecksumMismatchError(f"slot {slot.name!r} checksum mismatch")
-    if slot.codec != "raw":
-        decode_slot_into(target, slot.codec, dtype.size, buffer.view)
-    return buffer.tensor(dtype, slot.shape)
 
 
 def _codecs_by_dtype(flat: Sequence[tuple[str, mx.array]], raw: Sequence[memoryview], policy: SlotPolicy) -> dict[mx.Dtype, str]:

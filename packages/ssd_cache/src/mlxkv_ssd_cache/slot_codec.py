@@ -39,6 +39,14 @@ def encode_slot(data: memoryview, codec: str, level: int, itemsize: int) -> byte
     return zstandard.ZstdCompressor(level=level).compress(data)
 
 
+def compressed_size_matches(stored: memoryview, raw_bytes: int) -> bool:
+    """Whether the zstd frame declares exactly `raw_bytes` of content (checked before allocating)."""
+    try:
+        return bool(zstandard.frame_content_size(stored) == raw_bytes)
+    except zstandard.ZstdError:
+        return False
+
+
 def decode_slot_into(stored: memoryview, codec: str, itemsize: int, out: memoryview) -> None:
     """Decompress `stored` into `out` (exactly `len(out)` bytes); raises `SlotDecodeError`."""
     try:
