@@ -6,8 +6,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from mlxkv_state.errors import StateError
+
 from mlxkv import __version__
-from mlxkv.commands import generate
+from mlxkv.commands import cache, generate
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mlxkv {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     generate.register(sub)
+    cache.register(sub)
     return parser
 
 
@@ -29,7 +32,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
     except KeyboardInterrupt:
         return 130
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, OSError) as e:
+        print(f"mlxkv {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except StateError as e:
         print(f"mlxkv {args.command}: error: {e}", file=sys.stderr)
         return 2
     return code

@@ -1,0 +1,29 @@
+"""Default locations and size parsing shared by the subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def default_cache_dir() -> Path:
+    """$MLXKV_CACHE_DIR, else $XDG_CACHE_HOME/mlxkv, else ~/.cache/mlxkv."""
+    if env := os.environ.get("MLXKV_CACHE_DIR"):
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "mlxkv"
+
+
+def parse_size(text: str) -> int:
+    """'512M', '20G', '1.5G' or a byte count -> bytes (argparse type)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size; use e.g. 512M, 20G or a byte count")
+    value = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"size {text!r} must be at least one byte")
+    return value
