@@ -125,11 +125,9 @@ def test_file_moved_under_another_identity_is_not_restored(tmp_path: Path) -> No
     assert store.find(tokens + [1]) is None
 
 
-@pytest.mark.parametrize(
-    ("dtype_name", "level", "expected_codecs"),
-    [("float32", 0, {"raw"}), ("float32", 1, {"raw"}), ("bfloat16", 1, {"zstd", "shuffle+zstd"}), ("bfloat16", 0, {"raw"})],
-)
-def test_slot_codec_is_chosen_per_dtype_and_round_trips_exactly(dtype_name: str, level: int, expected_codecs: set[str], tmp_path: Path) -> None:
+@pytest.mark.parametrize("dtype_name", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("codec", ["raw", "zstd", "shuffle+zstd"])
+def test_every_slot_codec_round_trips_every_dtype_exactly(dtype_name: str, codec: str, tmp_path: Path) -> None:
     import mlx.core as mx
 
     from mlxkv_inference.cache.kv import PlainKVCache
@@ -138,12 +136,20 @@ def test_slot_codec_is_chosen_per_dtype_and_round_trips_exactly(dtype_name: str,
     dtype = getattr(mx, dtype_name)
     caches: list[PlainKVCache] = make_plain_caches(64, dtype=dtype)
     path = tmp_path / "x.mlxkv"
-    written = write_file_atomically(path, build_header(IDENTITY, list(range(64)), "", None), caches, policy=SlotPolicy(level=level))
-    assert {s.codec for c in written.caches for s in c.slots} <= expected_codecs
+    policy = SlotPolicy(level=0 if codec == "raw" else 1, codec=codec)
+    written = write_file_atomically(path, build_header(IDENTITY, list(range(64)), "", None), caches, policy=policy)
+    assert {s.codec for c in written.caches for s in c.slots} == {codec}
     _, restored, _ = read_file(path)
     for a, b in zip(caches, restored):
         assert isinstance(b, PlainKVCache) and a.keys is not None and b.keys is not None
-        assert b.keys.dtype == dtype and mx.array_equal(a.keys[..., :64, :], b.keys[..., :64, :]).item()
+        assert b.keys.dtype == dtype and b.keys.shape[2] == 256  # restored with room for the next token
+        assert mx.array_equal(a.keys[..., :64, :], b.keys[..., :64, :]).item()
+
+
+def test_default_policy_keeps_incompressible_float_kv_raw(tmp_path: Path) -> None:
+    path = tmp_path / "x.mlxkv"
+    written = write_file_atomically(path, build_header(IDENTITY, list(range(64)), "", None), make_plain_caches(64))
+    assert {s.codec for c in written.caches for s in c.slots} == {"raw"}
 
 
 def test_shuffle_is_chosen_when_it_compresses_best_and_round_trips() -> None:

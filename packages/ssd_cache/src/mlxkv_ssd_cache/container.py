@@ -22,7 +22,7 @@ from typing import BinaryIO
 import mlx.core as mx
 import xxhash
 
-from mlxkv_state.codecs import EncodedCache
+from mlxkv_state.codecs import EncodedCache, restore_capacity
 from mlxkv_state.errors import StateError
 from mlxkv_state.header import Attachment, CacheHeaderEntry, KvFileHeader, TensorSlot, header_from_json
 from mlxkv_ssd_cache._dtypes import SlotBuffer, dtype_from_name, dtype_name, tensor_bytes
@@ -116,18 +116,22 @@ def read_kv_header(f: BinaryIO) -> tuple[KvFileHeader, int]:
 
 
 def read_kv_tensors(f: BinaryIO, header: KvFileHeader, data_start: int, file_size: int) -> FileContents:
-    """Read, verify and decode every slot; raises a `KvFileError` on any fault."""
+    """Read, verify and decode every slot; raises a `KvFileError` on any fault.
+
+    KV slots of plain and quantized caches land directly in buffers with room for the next
+    tokens (`restore_capacity`), so restoring copies the KV once, from the file.
+    """
     available = file_size - data_start
-    caches = [_read_group(f, c.slots, data_start, available) for c in header.caches]
-    attachments = {a.name: (a.schema, _read_group(f, a.slots, data_start, available)) for a in header.attachments}
+    caches = [_read_group(f, c.slots, data_start, available, restore_capacity(c)) for c in header.caches]
+    attachments = {a.name: (a.schema, _read_group(f, a.slots, data_start, available, None)) for a in header.attachments}
     return FileContents(caches, attachments)
 
 
-def _read_group(f: BinaryIO, slots: Sequence[TensorSlot], data_start: int, available: int) -> dict[str, mx.array]:
-    return {slot.name: _read_slot(f, slot, data_start, available) for slot in slots}
+def _read_group(f: BinaryIO, slots: Sequence[TensorSlot], data_start: int, available: int, capacity: int | None) -> dict[str, mx.array]:
+    return {slot.name: _read_slot(f, slot, data_start, available, capacity) for slot in slots}
 
 
-def _read_slot(f: BinaryIO, slot: TensorSlot, data_start: int, available: int) -> mx.array:
+def _read_slot(f: BinaryIO, slot: TensorSlot, data_start: int, available: int, capacity: int | None) -> mx.array:
     dtype = dtype_from_name(slot.dtype)
     if dtype is None:
         raise SlotDecodeError(f"slot {slot.name!r} has unknown dtype {slot.dtype!r}")
@@ -138,23 +142,62 @@ def _read_slot(f: BinaryIO, slot: TensorSlot, data_start: int, available: int) -
     if slot.codec == "raw" and slot.stored_bytes != slot.raw_bytes:
         raise SlotDecodeError(f"raw slot {slot.name!r} stores {slot.stored_bytes} of {slot.raw_bytes} bytes")
     f.seek(data_start + slot.offset)
-    if slot.codec == "raw":
-        buffer = SlotBuffer(slot.raw_bytes)  # read straight into MLX memory
-        _read_exactly(f, buffer.view, slot)
-        return buffer.tensor(dtype, slot.shape)
+    layout = _Layout.of(slot, dtype.size, capacity)
+    buffer = SlotBuffer(layout.buffer_bytes)
+    if slot.codec == "raw":  # read straight into MLX memory, row block by row block
+        digest = xxhash.xxh3_64()
+        for start, end in layout.rows():
+            chunk = buffer.view[start:end]
+            if f.readinto(chunk) != end - start:  # type: ignore[attr-defined]
+                raise ShortReadError(f"slot {slot.name!r} is cut short")
+            digest.update(chunk)
+        _check(digest.intdigest(), slot)
+        return buffer.tensor(dtype, layout.shape)
     stored = memoryview(bytearray(slot.stored_bytes))
-    _read_exactly(f, stored, slot)
+    if f.readinto(stored) != slot.stored_bytes:  # type: ignore[attr-defined]
+        raise ShortReadError(f"slot {slot.name!r} is cut short")
+    _check(xxhash.xxh3_64_intdigest(stored), slot)
     if slot.raw_bytes > MAX_SLOT_BYTES or not compressed_size_matches(stored, slot.raw_bytes):
         raise SlotDecodeError(f"slot {slot.name!r}: compressed frame does not declare {slot.raw_bytes} bytes")
-    buffer = SlotBuffer(slot.raw_bytes)
-    decode_slot_into(stored, slot.codec, dtype.size, buffer.view)
-    return buffer.tensor(dtype, slot.shape)
+    raw = memoryview(bytearray(slot.raw_bytes)) if layout.padded else buffer.view
+    decode_slot_into(stored, slot.codec, dtype.size, raw)
+    at = 0
+    for start, end in layout.rows():
+        buffer.view[start:end] = raw[at : at + end - start]
+        at += end - start
+    return buffer.tensor(dtype, layout.shape)
 
 
-def _read_exactly(f: BinaryIO, target: memoryview, slot: TensorSlot) -> None:
-    if f.readinto(target) != slot.stored_bytes:  # type: ignore[attr-defined]
-        raise ShortReadError(f"slot {slot.name!r} is cut short")
-    if xxhash.xxh3_64_intdigest(target) != slot.checksum:
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """Where a slot's bytes go: contiguous, or (B, H, T, D) rows spread over a T-capacity buffer."""
+
+    shape: tuple[int, ...]
+    row_bytes: int  # bytes of one (b, h) block in the file
+    row_stride: int  # bytes between (b, h) blocks in the buffer
+    rows_count: int
+
+    @classmethod
+    def of(cls, slot: TensorSlot, itemsize: int, capacity: int | None) -> _Layout:
+        if capacity is None or len(slot.shape) != 4 or capacity <= slot.shape[2]:
+            return cls(slot.shape, slot.raw_bytes, slot.raw_bytes, 1)
+        b, h, t, d = slot.shape
+        return cls((b, h, capacity, d), t * d * itemsize, capacity * d * itemsize, b * h)
+
+    @property
+    def buffer_bytes(self) -> int:
+        return self.row_stride * self.rows_count
+
+    @property
+    def padded(self) -> bool:
+        return self.row_stride != self.row_bytes
+
+    def rows(self) -> list[tuple[int, int]]:
+        return [(i * self.row_stride, i * self.row_stride + self.row_bytes) for i in range(self.rows_count)]
+
+
+def _check(digest: int, slot: TensorSlot) -> None:
+    if digest != slot.checksum:
         raise ChecksumMismatchError(f"slot {slot.name!r} checksum mismatch")
 
 

@@ -49,6 +49,17 @@ def decode_caches(entries: Sequence[CacheHeaderEntry], tensors: Sequence[Mapping
     return [_codec_for(e.signature).decode(e, t) for e, t in zip(entries, tensors, strict=True)]
 
 
+def restore_capacity(entry: CacheHeaderEntry) -> int | None:
+    """Token capacity (axis 2) a reader should allocate for this entry's KV slots, or None.
+
+    Plain and quantized KV restore into ceil((offset + 1) / 256) * 256 so the next token fits in
+    place; reading the slots straight into such buffers saves a copy of the whole KV.
+    """
+    if entry.signature in (PlainCodec.signature, QuantizedCodec.signature) and entry.offset > 0:
+        return (entry.offset + STEP) // STEP * STEP
+    return None
+
+
 def _codec_for(signature: str) -> CacheCodec:
     codec = CODECS.get(signature)
     if codec is None:
@@ -164,16 +175,19 @@ def _take(tensors: Mapping[str, mx.array], entry: CacheHeaderEntry, *names: str)
     if missing:
         raise CodecMismatchError(f"{entry.signature} entry lacks slots {missing}")
     out = [tensors[n] for n in names]
+    capacity = restore_capacity(entry) or entry.offset
     for name, t in zip(names, out):
-        if t.ndim != 4 or t.shape[2] > entry.offset:
-            raise CodecMismatchError(f"slot {name!r} has shape {t.shape}, not (B, heads, <= {entry.offset}, dim)")
+        if t.ndim != 4 or t.shape[2] > max(capacity, entry.offset):
+            raise CodecMismatchError(f"slot {name!r} has shape {t.shape}, not (B, heads, <= {capacity}, dim)")
     return out
 
 
 def _with_slack(t: mx.array, offset: int) -> mx.array:
-    """`t` (B, H, offset, D) copied into a buffer of capacity ceil((offset + 1) / STEP) * STEP."""
+    """`t` in a buffer of capacity ceil((offset + 1) / STEP) * STEP (read there, or padded here)."""
+    capacity = (offset + STEP) // STEP * STEP
+    if t.shape[2] == capacity:
+        return t
     if t.shape[2] != offset:
         raise CodecMismatchError(f"slot holds {t.shape[2]} tokens; the entry says {offset}")
-    capacity = (offset + STEP) // STEP * STEP
     pad = mx.zeros((*t.shape[:2], capacity - offset, t.shape[3]), dtype=t.dtype)
     return mx.concatenate([t, pad], axis=2)
