@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+DEFAULT_SSD_BYTES = 20 << 30
 
 
 def default_cache_dir() -> Path:
@@ -27,3 +28,12 @@ def parse_size(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"size {text!r} must be at least one byte")
     return value
+
+
+def default_ram_cache_bytes() -> int:
+    """A quarter of physical memory, at most 8 GiB (2 GiB when it cannot be read)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 2 << 30
+    return int(min(total // 4, 8 << 30))

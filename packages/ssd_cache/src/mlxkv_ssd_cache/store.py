@@ -22,6 +22,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from mlxkv_inference.cache.factory import LayerCache
+from mlxkv_inference.cache.reuse import supersedes, usable_prefix
 from mlxkv_state.errors import StateError
 from mlxkv_state.header import GenerationCheckpoint, KvFileHeader
 from mlxkv_ssd_cache.kv_file import Attachments, KvIdentity, build_header, read_file, read_header, write_file_atomically
@@ -31,7 +32,8 @@ log = logging.getLogger(__name__)
 
 SUFFIX = ".mlxkv"
 DIR_MODE = 0o700
-TMP_GRACE_S = 60.0  # a younger .tmp may belong to a writer in another process
+TMP_GRACE_S = 60.0
+OBJECT_ATTACHMENT = "object"  # an object file: no tokens, one attachment whose schema is its key  # a younger .tmp may belong to a writer in another process
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,16 +94,13 @@ class SsdCacheStore:
     # -- lookup (index only) ---------------------------------------------------------------
     def find(self, prompt: Sequence[int], ns: str = "") -> CacheHit | None:
         """The longest usable stored prefix of `prompt` (at most len(prompt) - 1 tokens)."""
-        limit = len(prompt) - 1
         best: tuple[int, float, _Entry] | None = None
         with self._lock:
             for entry in self._entries.values():
                 if entry.ns != ns:
                     continue
-                usable = min(_common_prefix(entry.tokens, prompt), limit)
-                if usable < 1 or usable < entry.minimum_reusable_offset:
-                    continue
-                if usable < len(entry.tokens) and not entry.trimmable:
+                usable = usable_prefix(entry.tokens, prompt, entry.minimum_reusable_offset, entry.trimmable)
+                if usable == 0:
                     continue
                 if best is None or (usable, entry.last_used) > best[:2]:
                     best = (usable, entry.last_used, entry)
@@ -182,6 +181,48 @@ class SsdCacheStore:
             self._evict_over_cap(keep=entry_id)
         return True
 
+    def store_object(self, key: str, tensors: dict[str, mx.array], ns: str = "") -> bool:
+        """Persist exact tensors under `key` (no token prefix, e.g. an encoder's output)."""
+        if not key:
+            raise ValueError("object key must not be empty")
+        entry_id = _object_id(ns, key)
+        path = self._root / _ns_key(ns) / f"{entry_id}{SUFFIX}"
+        try:
+            _make_private_dir(path.parent)
+            write_file_atomically(path, build_header(self.identity, (), ns, None), [],
+                                  Attachments({OBJECT_ATTACHMENT: (key, tensors)}), self._policy)
+            size = path.stat().st_size
+        except (OSError, StateError, ValueError) as e:
+            log.warning("object %r not stored: %s", key, e)
+            return False
+        with self._lock:
+            self._entries[entry_id] = _Entry(entry_id, path, ns, (), size, 0, False, time.time())
+            self._evict_over_cap(keep=entry_id)
+        return True
+
+    def restore_object(self, key: str, ns: str = "") -> dict[str, mx.array] | None:
+        with self._lock:
+            entry = self._entries.get(_object_id(ns, key))
+        if entry is None:
+            return None
+        try:
+            header, _, attachments = read_file(entry.path)
+        except FileNotFoundError:
+            self._forget(entry.entry_id)
+            return None
+        except (StateError, OSError, ValueError) as e:
+            log.warning("object file %s is unreadable (%s); quarantined", entry.path.name, e)
+            self._quarantine(entry)
+            return None
+        group = attachments.groups.get(OBJECT_ATTACHMENT)
+        if self._identity_problem(header, ns, ()) is not None or group is None or group[0] != key:
+            return None
+        self._touch(entry)
+        return group[1]
+
+    def restore_object_async(self, key: str, ns: str = "") -> Future[dict[str, mx.array] | None]:
+        return self._io.submit(self.restore_object, key, ns)
+
     def remove(self, hit: CacheHit) -> None:
         with self._lock:
             entry = self._entries.pop(hit.entry_id, None)
@@ -199,16 +240,8 @@ class SsdCacheStore:
     # -- helpers ---------------------------------------------------------------------------
     def _supersede(self, new: _Entry) -> None:
         """Drop shorter ancestors the new entry can serve (it must be trimmable down to them)."""
-        if not new.trimmable:
-            return
         for entry in list(self._entries.values()):
-            if (
-                entry is not new
-                and entry.ns == new.ns
-                and len(entry.tokens) < len(new.tokens)
-                and new.tokens[: len(entry.tokens)] == entry.tokens
-                and len(entry.tokens) >= new.minimum_reusable_offset
-            ):
+            if entry.ns == new.ns and supersedes(new.tokens, new.trimmable, new.minimum_reusable_offset, entry.tokens):
                 self._delete(entry)
 
     def _evict_over_cap(self, keep: str) -> None:
@@ -288,7 +321,7 @@ class SsdCacheStore:
             log.warning("KV file %s is truncated; quarantined", path.name)
             self._quarantine(path)
             return
-        if self._identity_problem(header, header.ns, header.tokens) is not None or path.stem != _entry_id(header.ns, header.tokens):
+        if self._identity_problem(header, header.ns, header.tokens) is not None or path.stem != _expected_id(header):
             return  # another identity's or a renamed file: not ours to use or delete
         stat = path.stat()
         self._entries[path.stem] = _Entry(path.stem, path, header.ns, header.tokens, stat.st_size,
@@ -300,17 +333,19 @@ def _entry_id(ns: str, tokens: Sequence[int]) -> str:
     return digest.hexdigest()[:32]
 
 
+def _object_id(ns: str, key: str) -> str:
+    return "obj-" + hashlib.sha256(ns.encode() + b"\0" + key.encode()).hexdigest()[:28]
+
+
+def _expected_id(header: KvFileHeader) -> str:
+    objects = [a for a in header.attachments if a.name == OBJECT_ATTACHMENT]
+    if not header.tokens and len(objects) == 1:
+        return _object_id(header.ns, objects[0].schema)
+    return _entry_id(header.ns, header.tokens)
+
+
 def _ns_key(ns: str) -> str:
     return "base" if ns == "" else "ns-" + hashlib.sha256(ns.encode()).hexdigest()[:16]
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _make_private_dir(path: Path) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from pathlib import Path
+
+from mlxkv.paths import DEFAULT_SSD_BYTES, default_cache_dir, default_ram_cache_bytes, parse_size
 from mlxkv_inference import DEFAULT_PREFILL_CHUNK, DEFAULT_QUANTIZED_KV_START, GenerationParams, KvScheme, SamplingParams
 
 
@@ -76,3 +79,15 @@ def generation_params_from(args: argparse.Namespace) -> GenerationParams:
         prefill_chunk=args.prefill_step_size,
         compiled_decode=args.compiled_decode,
     )
+
+
+def add_cache_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("prompt cache")
+    group.add_argument("--prompt-cache-bytes", type=parse_size, default=default_ram_cache_bytes(), metavar="SIZE",
+                       help="RAM prompt cache cap (default: a quarter of RAM, at most 8G; now %(default)s bytes)")
+    group.add_argument("--ssd-cache", type=Path, default=default_cache_dir(), metavar="DIR",
+                       help=f"SSD KV cache directory, kept across restarts (default: {default_cache_dir()})")
+    group.add_argument("--no-ssd-cache", dest="ssd_cache", action="store_const", const=None,
+                       help="keep the prompt cache in RAM only")
+    group.add_argument("--ssd-cache-max", type=parse_size, default=DEFAULT_SSD_BYTES, metavar="SIZE",
+                       help="SSD cache size cap; least recently used entries go first (default: 20G)")

@@ -98,6 +98,12 @@ class PlainKVCache:
         self.keys = self.values = None
         self.offset = 0
 
+    def clone(self) -> PlainKVCache:
+        """An independent cache sharing the buffers until either side writes (MLX copy-on-write)."""
+        other = PlainKVCache()
+        other.keys, other.values, other.offset = _view(self.keys), _view(self.values), self.offset
+        return other
+
     # -- helpers -----------------------------------------------------------------------------
     def _reserve(self, keys: mx.array, values: mx.array, n: int) -> None:
         """Grow the buffers (in whole steps) so `n` more tokens fit after `offset`."""
@@ -253,6 +259,12 @@ class RotatingKVCache:
         self.keys = self.values = None
         self.offset = self._idx = 0
 
+    def clone(self) -> RotatingKVCache:
+        other = RotatingKVCache(self.max_size, self.keep)
+        other.keys, other.values = _view(self.keys), _view(self.values)
+        other.offset, other._idx, other._after_multi_write = self.offset, self._idx, self._after_multi_write
+        return other
+
     # -- helpers (mlx-lm's RotatingKVCache arithmetic) --------------------------------------
     def _trim_front(self, trim_size: int, v: mx.array, append: mx.array | None = None) -> mx.array:
         parts = [v[..., : self.keep, :], v[..., trim_size + self.keep :, :]] if trim_size > 0 else [v]
@@ -331,6 +343,11 @@ def _mlx_causal(n: int, offset: int, window_size: int | None) -> mx.array:
     if window_size is not None:
         mask = mask & (left < right[None] + window_size)
     return mask
+
+
+def _view(a: mx.array | None) -> mx.array | None:
+    # A new array object over the same buffer: slice assignment on one never shows in the other.
+    return None if a is None else a[...]
 
 
 def _check_trim(n: int, offset: int) -> int:

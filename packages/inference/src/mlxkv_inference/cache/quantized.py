@@ -125,6 +125,14 @@ class QuantizedKVCache:
         self.keys = self.values = None
         self.offset = 0
 
+    def clone(self) -> QuantizedKVCache:
+        other = QuantizedKVCache(self.group_size, self.bits, converted_at=self._converted_at)
+        other.offset = self.offset
+        if self.keys is not None and self.values is not None:
+            other.keys = (self.keys[0][...], self.keys[1][...], self.keys[2][...])
+            other.values = (self.values[0][...], self.values[1][...], self.values[2][...])
+        return other
+
     # -- helpers -----------------------------------------------------------------------------
     def _reserve(self, keys: mx.array, values: mx.array, n: int) -> None:
         if self.keys is not None and self.offset + n <= self.keys[0].shape[2]:

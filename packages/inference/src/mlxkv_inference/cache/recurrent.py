@@ -95,6 +95,12 @@ class RecurrentCache:
         self.offset = 0
         self._round = None
 
+    def clone(self) -> RecurrentCache:
+        other = RecurrentCache(len(self.cache))
+        other.cache = [None if c is None else c[...] for c in self.cache]
+        other.offset = self.offset
+        return other
+
     # -- speculative rounds --------------------------------------------------------------------
     def spec_round_begin(self) -> None:
         if self._round is not None:

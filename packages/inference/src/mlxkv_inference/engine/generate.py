@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -11,7 +11,8 @@ from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBind
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
 from mlxkv_inference.engine.logits import context_window, make_logits_processors
-from mlxkv_inference.engine.loop import TokenStep, cached_tokens, generate_steps
+from mlxkv_inference.cache.reuse import covered_tokens
+from mlxkv_inference.engine.loop import TokenStep, generate_steps
 from mlxkv_inference.engine.sampling import SamplingParams, choose_seed, make_sampler
 
 FinishReason = Literal["stop", "length"]
@@ -71,16 +72,21 @@ class Generation:
         caches: list[LayerCache] | None = None,
         *,
         history: Sequence[int] = (),
+        snapshot_at: Sequence[int] = (),
+        on_snapshot: Callable[[Sequence[int], list[LayerCache]], None] | None = None,
     ) -> None:
         self._binding = binding
         self._params = params
         self.seed = params.sampling.seed if params.sampling.seed is not None else choose_seed()
         self.caches = caches if caches is not None else binding.make_cache()
-        self.cached_tokens = cached_tokens(self.caches)
+        self.cached_tokens = covered_tokens(self.caches)
         # `history` resumes a generation: its tokens were generated before, at steps 0..k-1.
         self.prompt = list(prompt) + list(history)
         self._first_step = len(history)
         self._tokens: list[int] = []
+        self._yielded: list[int] = []  # every token the loop produced, EOS included
+        self._snapshot_at = tuple(snapshot_at)
+        self._on_snapshot = on_snapshot
         self._detok = IncrementalDetokenizer(binding.tokenizer, params.stop)
         self._finish: FinishReason = "length"
         self._t0 = 0.0
@@ -103,8 +109,11 @@ class Generation:
             first_step=self._first_step,
             on_prefill_done=self._mark_first,
             compiled_decode=self._params.compiled_decode,
+            snapshot_at=self._snapshot_at,
+            on_snapshot=self._snapshot if self._on_snapshot is not None else None,
         )
         for step in steps:
+            self._yielded.append(step.token)
             if step.token in self._binding.eos_token_ids and not self._params.ignore_eos:
                 self._finish = "stop"
                 break
@@ -127,6 +136,14 @@ class Generation:
             pass
         assert self.result is not None
         return self.result
+
+    def fed_tokens(self) -> list[int]:
+        """The tokens the caches hold now: the prompt and the generated tokens fed so far."""
+        return (self.prompt + self._yielded)[: covered_tokens(self.caches)]
+
+    def _snapshot(self, num_tokens: int) -> None:
+        assert self._on_snapshot is not None
+        self._on_snapshot(self.prompt[:num_tokens], self.caches)
 
     def _mark_first(self) -> None:
         self._t_first = time.perf_counter()

@@ -10,13 +10,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import mlx.core as mx
 
 from mlxkv_inference import _mlx_lm
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
+from mlxkv_inference.cache.reuse import covered_tokens
 from mlxkv_inference.engine.logits import LogitsProcessor
 from mlxkv_inference.engine.sampling import Sampler
 
@@ -45,20 +45,29 @@ def generate_steps(
     first_step: int = 0,
     on_prefill_done: Callable[[], None] | None = None,
     compiled_decode: bool = True,
+    snapshot_at: Sequence[int] = (),
+    on_snapshot: Callable[[int], None] | None = None,
 ) -> Iterator[TokenStep]:
     """Yield up to `max_tokens` tokens continuing `prompt` (which must not be empty).
 
     `caches` may already hold a prefix of `prompt`; only the uncached tail is fed. Step indices
     start at `first_step` (the sampler derives each step's key from it). After the consumer stops
-    at token i, the caches cover `prompt` plus the tokens before i; feeding i is left to the caller.
+    at token i, the caches cover `prompt` plus the tokens the loop fed (i included unless it was
+    the last of `max_tokens`). Prefill pauses at each of `snapshot_at` (token counts) and calls
+    `on_snapshot(n)` while the caches hold exactly the first n prompt tokens.
     """
     if not prompt:
         raise ValueError("prompt must hold at least one token")
     if max_tokens < 1:
         return
-    cached = cached_tokens(caches)
+    cached = covered_tokens(caches)
     if cached >= len(prompt):
         raise ValueError(f"caches already hold {cached} tokens; the prompt has only {len(prompt)}")
+    for point in sorted({p for p in snapshot_at if cached < p <= len(prompt) - 1}):
+        binding.prefill(prompt[cached:point], caches, prefill_chunk)
+        cached = point
+        if on_snapshot is not None:
+            on_snapshot(point)
     binding.prefill(prompt[cached:-1], caches, prefill_chunk)
     window = context_window if processors else 0
     history = mx.array(list(prompt[:-1])[-window:] if window else [], dtype=mx.int32)
@@ -110,12 +119,6 @@ class _Decoder:
                 if logits is not None:
                     return logits
         return self._binding.decode(tokens, self._caches)
-
-
-def cached_tokens(caches: Sequence[Any]) -> int:
-    """Tokens the caches already hold (the smallest offset among layers that track one)."""
-    offsets = {int(c.offset) for c in caches if hasattr(c, "offset")}
-    return min(offsets) if offsets else 0
 
 
 def _token(y: mx.array) -> int:

@@ -1,0 +1,42 @@
+"""Generation through the tiered prompt cache: fetch the longest cached prefix, snapshot the
+prompt while prefilling, publish the settled state afterwards."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mlxkv_inference.binding import MlxAutoregressiveBinding
+from mlxkv_inference.cache.factory import LayerCache
+from mlxkv_inference.engine.generate import Generation, GenerationParams
+from mlxkv_inference.prompt_cache.tiered import Fetched, TieredPromptCache
+
+
+class CachedGenerator:
+    """Runs generations for one model over a `TieredPromptCache` (or none)."""
+
+    def __init__(self, binding: MlxAutoregressiveBinding, tiers: TieredPromptCache | None) -> None:
+        self.binding = binding
+        self.tiers = tiers
+
+    def start(self, prompt: Sequence[int], params: GenerationParams, ns: str = "", *, history_end: int | None = None) -> Generation:
+        """A generation whose caches start from the longest cached prefix of `prompt`.
+
+        Prefill pauses to snapshot the prompt state at `history_end` (the end of a chat's templated
+        history, before the new assistant turn) and at the end of the prompt, so the next turn hits
+        even when sliding-window or recurrent layers make the caches untrimmable.
+        """
+        fetched = self.tiers.fetch(prompt, ns) if self.tiers is not None else Fetched(None, 0, None)
+        points = [len(prompt) - 1] + ([history_end] if history_end is not None else [])
+        return Generation(
+            self.binding, prompt, params, caches=fetched.caches,
+            snapshot_at=points if self.tiers is not None else (),
+            on_snapshot=lambda tokens, caches: self._publish(tokens, caches, ns),
+        )
+
+    def settle(self, generation: Generation, ns: str = "") -> None:
+        """Publish the state a finished (or stopped) generation left in its caches."""
+        self._publish(generation.fed_tokens(), generation.caches, ns)
+
+    def _publish(self, tokens: Sequence[int], caches: list[LayerCache], ns: str) -> None:
+        if self.tiers is not None:
+            self.tiers.publish(tokens, caches, ns)
