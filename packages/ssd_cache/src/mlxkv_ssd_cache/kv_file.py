@@ -91,6 +91,9 @@ def read_file(path: Path) -> tuple[KvFileHeader, list[LayerCache], Attachments]:
         caches = decode_caches(header.caches, contents.caches)
     except (ValueError, TypeError) as e:
         raise KvFileError(f"cache entries do not decode: {e}") from e
+    # NOTE: evaluate here: MLX streams are per thread, and a restore may run on an I/O thread
+    # while the arrays are used on the generation thread.
+    mx.eval([c.state for c in caches], [list(t.values()) for _, t in contents.attachments.values()])
     return header, caches, Attachments(contents.attachments)
 
 

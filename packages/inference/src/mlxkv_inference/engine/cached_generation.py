@@ -37,6 +37,6 @@ class CachedGenerator:
         """Publish the state a finished (or stopped) generation left in its caches."""
         self._publish(generation.fed_tokens(), generation.caches, ns)
 
-    def _publish(self, tokens: Sequence[int], caches: list[LayerCache], ns: str) -> None:
+    def _publish(self, tokens: Sequence[int], caches: Sequence[LayerCache], ns: str) -> None:
         if self.tiers is not None:
             self.tiers.publish(tokens, caches, ns)

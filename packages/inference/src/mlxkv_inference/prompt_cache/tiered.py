@@ -76,7 +76,7 @@ class TieredPromptCache:
             return self._count(Fetched(taken.caches, taken.num_tokens, "ram"))
         return self._count(Fetched(None, 0, None))
 
-    def publish(self, tokens: Sequence[int], caches: list[LayerCache], ns: str) -> None:
+    def publish(self, tokens: Sequence[int], caches: Sequence[LayerCache], ns: str) -> None:
         """Keep a prompt state in RAM and write it behind to the cold tier."""
         if not tokens:
             return

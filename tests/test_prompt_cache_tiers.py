@@ -1,0 +1,146 @@
+"""The tiered prompt cache: RAM tier rules, the cold tier contract, demotion and namespaces."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from mlxkv.engine.cache_services import SsdColdTier, open_cold_tier
+from mlxkv_inference.cache.factory import LayerCache
+from mlxkv_inference.cache.kv import PlainKVCache
+from mlxkv_inference.cache.reuse import clone_trimmed, usable_prefix, all_trimmable, minimum_reusable_offset
+from mlxkv_inference.prompt_cache import ColdHit, ColdRestored, ColdTier, RamPromptCache, TieredPromptCache
+from tests.factories import make_plain_caches, make_tiny_binding
+
+
+class InMemoryColdTier:
+    """A cold tier in a dict: the same contract as the SSD one, for testing the RAM side alone."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[str, tuple[int, ...]], list[LayerCache]] = {}
+        self.objects: dict[tuple[str, str], dict[str, mx.array]] = {}
+        self.stores = 0
+
+    def find(self, prompt: Sequence[int], ns: str) -> ColdHit | None:
+        best: ColdHit | None = None
+        for (entry_ns, tokens), caches in self.entries.items():
+            usable = usable_prefix(tokens, prompt, minimum_reusable_offset(caches), all_trimmable(caches))
+            if entry_ns == ns and usable and (best is None or usable > best.num_tokens):
+                best = ColdHit(repr(tokens), ns, usable, len(tokens))
+        return best
+
+    def find_exact(self, tokens: Sequence[int], ns: str) -> ColdHit | None:
+        key = (ns, tuple(tokens))
+        return ColdHit(repr(key[1]), ns, len(tokens), len(tokens)) if key in self.entries else None
+
+    def restore(self, hit: ColdHit) -> ColdRestored | None:
+        tokens = tuple(eval(hit.handle))  # noqa: S307 - the handle is our own repr of a tuple of ints
+        caches = self.entries.get((hit.ns, tokens))
+        return None if caches is None else ColdRestored(clone_trimmed(caches, hit.num_tokens), tokens[: hit.num_tokens])
+
+    def restore_async(self, hit: ColdHit) -> Future[ColdRestored | None]:
+        future: Future[ColdRestored | None] = Future()
+        future.set_result(self.restore(hit))
+        return future
+
+    def restore_object_async(self, key: str, ns: str) -> Future[Mapping[str, mx.array] | None]:
+        future: Future[Mapping[str, mx.array] | None] = Future()
+        future.set_result(self.objects.get((ns, key)))
+        return future
+
+    def store(self, tokens: Sequence[int], caches: Sequence[LayerCache], ns: str,
+              attachments: Mapping[str, Mapping[str, mx.array]] | None = None) -> bool:
+        self.entries[(ns, tuple(tokens))] = clone_trimmed(caches, len(tokens))
+        self.stores += 1
+        return True
+
+
+def test_take_is_non_consuming_and_copies_are_independent() -> None:
+    ram = RamPromptCache(1 << 30)
+    ram.put(list(range(20)), clone_trimmed(make_plain_caches(20), 20), "")
+    first = ram.take(list(range(20)) + [7], "")
+    second = ram.take(list(range(12)) + [9], "")
+    assert first is not None and second is not None
+    assert (first.num_tokens, second.num_tokens) == (20, 12)
+    assert [c.offset for c in second.caches] == [12, 12]
+    written = first.caches[0]
+    assert isinstance(written, PlainKVCache)
+    written.update_and_fetch(mx.ones((1, 2, 1, 32)), mx.ones((1, 2, 1, 32)))  # write into a copy
+    third = ram.take(list(range(20)) + [7], "")
+    assert third is not None and third.caches[0].offset == 20
+    kept, original = third.caches[0], make_plain_caches(20)[0]
+    assert isinstance(kept, PlainKVCache) and kept.keys is not None and original.keys is not None
+    assert mx.array_equal(kept.keys[..., :20, :], original.keys[..., :20, :]).item()
+
+
+def test_namespaces_never_share_entries_in_ram() -> None:
+    ram = RamPromptCache(1 << 30)
+    ram.put(list(range(20)), clone_trimmed(make_plain_caches(20), 20), "adapter-a")
+    assert ram.take(list(range(21)), "adapter-b") is None
+    assert ram.take(list(range(21)), "") is None
+    assert ram.take(list(range(21)), "adapter-a") is not None
+
+
+def test_byte_cap_evicts_least_recently_used_and_demotes_to_the_cold_tier() -> None:
+    entry = sum(c.nbytes for c in make_plain_caches(16))
+    cold = InMemoryColdTier()
+    tiers = TieredPromptCache(ram_max_bytes=2 * entry, cold=cold)
+    for i in range(3):
+        tiers.publish([100 + i] + list(range(15)), make_plain_caches(16), "")
+    assert tiers.flush(10)
+    stats = tiers.stats()
+    assert stats.ram_bytes <= 2 * entry and stats.ram_entries == 2 and stats.ram_evictions == 1
+    assert len(cold.entries) == 3  # every published state was written behind
+    fetched = tiers.fetch([100] + list(range(15)) + [5], "")
+    assert (fetched.tier, fetched.num_tokens) == ("ssd", 16)  # evicted from RAM, restored from cold
+    assert tiers.fetch([100] + list(range(15)) + [5], "").tier == "ram"  # republished
+    tiers.close()
+
+
+def test_cold_tier_wins_only_with_a_strictly_longer_prefix() -> None:
+    cold = InMemoryColdTier()
+    tiers = TieredPromptCache(ram_max_bytes=1 << 30, cold=cold)
+    cold.store(list(range(30)), make_plain_caches(30), "")
+    tiers.publish(list(range(20)), make_plain_caches(20), "")
+    assert tiers.flush(10)
+    cold.store(list(range(20)), make_plain_caches(20), "")
+    assert tiers.fetch(list(range(20)) + [1], "").tier == "ram"  # equal length: RAM
+    fetched = tiers.fetch(list(range(30)) + [1], "")
+    assert (fetched.tier, fetched.num_tokens) == ("ssd", 30)
+    assert tiers.stats().ram_hits == 1 and tiers.stats().ssd_hits == 1
+    tiers.close()
+
+
+def test_two_model_identities_never_share_an_entry(tmp_path: Path) -> None:
+    first, second = make_tiny_binding("llama", seed=0), make_tiny_binding("llama", seed=1)
+    cold_a = open_cold_tier(first, tmp_path, 1 << 30)
+    assert cold_a.store(list(range(12)), make_plain_caches(12), "")
+    cold_b = open_cold_tier(second, tmp_path, 1 << 30)
+    assert cold_b.find(list(range(13)), "") is None
+    assert cold_a.find(list(range(13)), "") is not None
+
+
+def test_ssd_cold_tier_implements_the_protocol(tmp_path: Path) -> None:
+    binding = make_tiny_binding("llama")
+    ssd = open_cold_tier(binding, tmp_path, 1 << 30)
+    cold: ColdTier = ssd
+    tokens = list(range(24))
+    assert cold.store(tokens, make_plain_caches(24), "", attachments={"extra": {"x": mx.arange(4)}})
+    hit = cold.find(tokens + [1], "")
+    assert hit is not None and hit.num_tokens == 24
+    exact = cold.find_exact(tokens, "")
+    assert exact is not None and exact.entry_tokens == 24
+    restored = cold.restore(hit)
+    assert restored is not None and restored.tokens == tuple(tokens)
+    assert mx.array_equal(restored.attachments["extra"]["x"], mx.arange(4)).item()
+    later = cold.restore_async(cold.find(list(range(10)) + [99], "") or hit).result(timeout=30)
+    assert later is not None and [c.offset for c in later.caches] == [10, 10]
+    assert ssd.ssd.store_object("encoder:image-1", {"features": mx.ones((2, 3))})
+    obj = cold.restore_object_async("encoder:image-1", "").result(timeout=30)
+    assert obj is not None and mx.array_equal(obj["features"], mx.ones((2, 3))).item()
+    assert cold.restore_object_async("encoder:missing", "").result(timeout=30) is None
+    assert isinstance(ssd, SsdColdTier)
