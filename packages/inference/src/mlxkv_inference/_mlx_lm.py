@@ -7,7 +7,7 @@ Every function here has a typed signature so the rest of the package stays under
 from __future__ import annotations
 
 from pathlib import Path
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import mlx.core as mx
@@ -189,3 +189,33 @@ def describe_model_caches(model: nn.Module) -> list[tuple[str, dict[str, int]]]:
         else:
             out.append((type(cache).__name__, {}))
     return out
+
+
+def mlx_lm_prompt_cache_turn(
+    model: nn.Module, backend: Any, state: dict[str, Any], prompt: list[int], max_tokens: int,
+    first_token: Callable[[Iterator[Any]], float],
+) -> float:
+    """One chat turn the way mlx-lm's server serves it: `LRUPromptCache.fetch_nearest_cache`,
+    `stream_generate` on the rest, then `insert_cache` of what the cache holds. Returns
+    `first_token(stream)` (the caller times the stream); `state` keeps the LRU between turns."""
+    from mlx_lm.generate import stream_generate
+    from mlx_lm.models.cache import LRUPromptCache, make_prompt_cache
+
+    lru = state.setdefault("lru", LRUPromptCache(max_size=10))
+    wrapper = state.setdefault("wrapper", wrap_tokenizer(backend, eos_token_ids=[]))
+    cache, rest = lru.fetch_nearest_cache("model", prompt)
+    if cache is None:
+        cache, rest = make_prompt_cache(model), prompt
+    generated: list[int] = []
+
+    def tokens() -> Iterator[Any]:
+        for response in stream_generate(model, wrapper, rest, max_tokens=max_tokens, prompt_cache=cache):
+            generated.append(int(response.token))
+            yield response
+
+    stream = tokens()
+    elapsed = first_token(stream)
+    for _ in stream:
+        pass
+    lru.insert_cache("model", (prompt + generated)[: cache[0].offset], cache)
+    return elapsed
