@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from mlxkv_state.errors import StateError
 
 from mlxkv import __version__
-from mlxkv.commands import cache, generate
+from mlxkv.commands import cache, generate, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mlxkv {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     generate.register(sub)
+    serve.register(sub)
     cache.register(sub)
     return parser
 

@@ -15,7 +15,7 @@ from mlxkv_inference.cache.reuse import covered_tokens
 from mlxkv_inference.engine.loop import TokenStep, generate_steps
 from mlxkv_inference.engine.sampling import SamplingParams, choose_seed, make_sampler
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "cancelled"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +89,7 @@ class Generation:
         self._on_snapshot = on_snapshot
         self._detok = IncrementalDetokenizer(binding.tokenizer, params.stop)
         self._finish: FinishReason = "length"
+        self._cancelled = False
         self._t0 = 0.0
         self._t_first = 0.0
         self._t_end = 0.0
@@ -113,6 +114,9 @@ class Generation:
             on_snapshot=self._snapshot if self._on_snapshot is not None else None,
         )
         for step in steps:
+            if self._cancelled:
+                self._finish = "cancelled"
+                break
             self._yielded.append(step.token)
             if step.token in self._binding.eos_token_ids and not self._params.ignore_eos:
                 self._finish = "stop"
@@ -136,6 +140,15 @@ class Generation:
             pass
         assert self.result is not None
         return self.result
+
+    def cancel(self) -> None:
+        """Stop before the next token (from the thread iterating this generation)."""
+        self._cancelled = True
+
+    @property
+    def stop_string(self) -> str | None:
+        """The stop string that ended the generation, if one did."""
+        return self._detok.stop_string
 
     def fed_tokens(self) -> list[int]:
         """The tokens the caches hold now: the prompt and the generated tokens fed so far."""

@@ -1,0 +1,67 @@
+"""`mlxkv serve`: the OpenAI- and Anthropic-compatible HTTP server (a drop-in for mlx_lm.server)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+import uvicorn
+
+from mlxkv_inference import load_binding
+from mlxkv_serve import ServeConfig, build_app
+
+from mlxkv.commands.options import add_cache_options, add_model_options, kv_scheme_from
+from mlxkv.engine.cache_services import build_tiers
+from mlxkv.engine.local_engine import LocalEngine
+from mlxkv.paths import parse_size
+
+log = logging.getLogger("mlxkv.serve")
+SHUTDOWN_TIMEOUT_S = 30.0
+
+
+def register(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "serve",
+        help="serve the model over an OpenAI- and Anthropic-compatible HTTP API",
+        description="Serve the model on /v1/chat/completions, /v1/completions, /v1/messages and /v1/models, "
+        "with /health, /metrics, /v1/cache/stats and /admin/cache/flush. The prompt cache keeps KV in RAM "
+        "and on the SSD, across restarts.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)")
+    parser.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help="require this key (Authorization: Bearer KEY or x-api-key: KEY) on every route but /health")
+    parser.add_argument("--max-tokens", type=int, default=512, help="max tokens when a request gives none (default: 512)")
+    parser.add_argument("--temp", type=float, default=0.0, help="temperature when a request gives none (default: 0)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="top-p when a request gives none (default: 1)")
+    parser.add_argument("--max-body-bytes", type=parse_size, default=4 << 20, metavar="SIZE",
+                        help="largest accepted request body (default: 4M); larger ones get 413")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add_model_options(parser)
+    add_cache_options(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    binding = load_binding(args.model, kv_scheme_from(args))
+    tiers, _ = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max)
+    engine = LocalEngine(binding, tiers)
+    config = ServeConfig(
+        vocab_size=binding.tokenizer.vocab_size, default_max_tokens=args.max_tokens, default_temperature=args.temp,
+        default_top_p=args.top_p, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+    )
+    app = build_app(engine, config)
+    where = args.ssd_cache if args.ssd_cache is not None else "off"
+    log.info("serving %s on http://%s:%d (SSD cache: %s)", binding.model_id, args.host, args.port, where)
+    try:
+        # uvicorn handles SIGTERM/SIGINT: stop accepting, let open responses finish (up to the timeout).
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                    timeout_graceful_shutdown=int(SHUTDOWN_TIMEOUT_S))
+    finally:
+        engine.close(SHUTDOWN_TIMEOUT_S)
+        log.info("prompt cache flushed; bye")
+    return 0
+
+

@@ -1,0 +1,44 @@
+"""GET /health, GET /metrics, GET /v1/cache/stats, POST /admin/cache/flush, GET /v1/generations/{id}."""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from mlxkv_serve.errors import RequestError
+from mlxkv_serve.metrics import CONTENT_TYPE
+from mlxkv_serve.state import ServerState
+
+
+async def health(request: Request) -> Response:
+    state: ServerState = request.app.state.mlxkv
+    return JSONResponse({"status": "ok", "model": state.engine.model_id})
+
+
+async def metrics(request: Request) -> Response:
+    state: ServerState = request.app.state.mlxkv
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+async def cache_stats(request: Request) -> Response:
+    state: ServerState = request.app.state.mlxkv
+    return JSONResponse(dict(state.engine.cache_stats()))
+
+
+async def cache_flush(request: Request) -> Response:
+    """200 once every cached prompt state is durable on the SSD, 503 when that takes too long."""
+    state: ServerState = request.app.state.mlxkv
+    durable = await asyncio.to_thread(state.engine.flush, state.config.flush_timeout_s)
+    if not durable:
+        raise RequestError(503, "the prompt cache is not durable yet (writes still pending); retry later")
+    return JSONResponse({"durable": True, **state.engine.cache_stats()})
+
+
+async def generation(request: Request) -> Response:
+    state: ServerState = request.app.state.mlxkv
+    found = state.engine.generation_state(request.path_params["generation_id"])
+    if found is None:
+        raise RequestError(404, "no generation with this id is known", "generation_id")
+    return JSONResponse(dict(found))

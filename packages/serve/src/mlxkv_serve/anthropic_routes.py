@@ -1,0 +1,70 @@
+"""POST /v1/messages (Anthropic Messages API, streaming event sequence included)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from mlxkv_serve.anthropic_schema import parse_messages
+from mlxkv_serve.engine import Delta, Finished, GenerationHandle
+from mlxkv_serve.state import ServerState
+from mlxkv_serve.streaming import collect, guarded, read_json, sse, submit
+
+
+async def messages(request: Request) -> Response:
+    state: ServerState = request.app.state.mlxkv
+    parsed = parse_messages(await read_json(request, state.config.max_body_bytes), state.config)
+    handle = submit(state.engine, parsed.generate)
+    headers = {"x-mlxkv-generation-id": handle.generation_id}
+    if parsed.stream:
+        return StreamingResponse(guarded(handle, _stream(state, handle)), media_type="text/event-stream", headers=headers)
+    deltas, done = await collect(request, handle)
+    state.record(done)
+    body = _message(state, handle, [{"type": "text", "text": "".join(d.text for d in deltas)}], done)
+    return JSONResponse(body, headers=headers)
+
+
+def _message(state: ServerState, handle: GenerationHandle, content: list[dict[str, Any]], done: Finished | None) -> dict[str, Any]:
+    return {
+        "id": "msg_" + handle.generation_id,
+        "type": "message",
+        "role": "assistant",
+        "content": content,
+        "model": state.engine.model_id,
+        "stop_reason": _stop_reason(done) if done else None,
+        "stop_sequence": done.stop_sequence if done else None,
+        "usage": _usage(handle, done),
+    }
+
+
+def _usage(handle: GenerationHandle, done: Finished | None) -> dict[str, int]:
+    cached = done.cached_tokens if done else 0
+    return {"input_tokens": handle.prompt_tokens - cached, "cache_read_input_tokens": cached,
+            "cache_creation_input_tokens": 0, "output_tokens": done.completion_tokens if done else 0}
+
+
+def _stop_reason(done: Finished) -> str:
+    if done.finish_reason == "length":
+        return "max_tokens"
+    return "stop_sequence" if done.stop_sequence else "end_turn"
+
+
+async def _stream(state: ServerState, handle: GenerationHandle) -> AsyncIterator[str]:
+    yield sse({"type": "message_start", "message": _message(state, handle, [], None)}, "message_start")
+    yield sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}, "content_block_start")
+    yield sse({"type": "ping"}, "ping")
+    async for event in handle.events():
+        if isinstance(event, Delta):
+            if event.text:
+                yield sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": event.text}},
+                          "content_block_delta")
+            continue
+        state.record(event)
+        yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
+        yield sse({"type": "message_delta", "delta": {"stop_reason": _stop_reason(event), "stop_sequence": event.stop_sequence},
+                   "usage": _usage(handle, event)}, "message_delta")
+        yield sse({"type": "message_stop"}, "message_stop")
+        return

@@ -1,0 +1,43 @@
+"""Prometheus metrics: requests, tokens, time to first token, and the prompt cache tiers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class ServerMetrics:
+    def __init__(self, cache_stats: Callable[[], Mapping[str, int | float]]) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("mlxkv_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=self.registry)
+        self.prompt_tokens = Counter("mlxkv_prompt_tokens", "prompt tokens received", registry=self.registry)
+        self.cached_tokens = Counter("mlxkv_cached_prompt_tokens", "prompt tokens served from the prompt cache", registry=self.registry)
+        self.completion_tokens = Counter("mlxkv_completion_tokens", "tokens generated", registry=self.registry)
+        self.ttft = Histogram("mlxkv_time_to_first_token_seconds", "time from request to first token", registry=self.registry,
+                              buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))
+        self.registry.register(_CacheCollector(cache_stats))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _CacheCollector:
+    """Exposes the engine's cache stats (hits per tier, bytes per tier, ...) at scrape time."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, int | float]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        families = []
+        for name, value in sorted(self._stats().items()):
+            family = GaugeMetricFamily(f"mlxkv_cache_{name}", f"prompt cache: {name.replace('_', ' ')}")
+            family.add_metric([], float(value))
+            families.append(family)
+        return families
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []

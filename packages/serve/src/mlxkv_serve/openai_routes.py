@@ -1,0 +1,117 @@
+"""POST /v1/chat/completions, POST /v1/completions, GET /v1/models (OpenAI shapes)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from mlxkv_serve.engine import Delta, Finished, GenerationHandle, TokenLogprob
+from mlxkv_serve.openai_schema import OpenAiRequest, parse_chat, parse_completion
+from mlxkv_serve.state import ServerState
+from mlxkv_serve.streaming import collect, guarded, read_json, sse, submit
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _complete(request, chat=True)
+
+
+async def completions(request: Request) -> Response:
+    return await _complete(request, chat=False)
+
+
+async def models(request: Request) -> Response:
+    state: ServerState = request.app.state.mlxkv
+    model = {"id": state.engine.model_id, "object": "model", "created": state.started, "owned_by": "mlxkv"}
+    return JSONResponse({"object": "list", "data": [model]})
+
+
+async def _complete(request: Request, *, chat: bool) -> Response:
+    state: ServerState = request.app.state.mlxkv
+    body = await read_json(request, state.config.max_body_bytes)
+    parsed = (parse_chat if chat else parse_completion)(body, state.config)
+    handle = submit(state.engine, parsed.generate)
+    headers = {"x-mlxkv-generation-id": handle.generation_id}
+    ids = _Ids(("chatcmpl-" if chat else "cmpl-") + handle.generation_id, int(time.time()), state.engine.model_id, chat)
+    if parsed.stream:
+        frames = guarded(handle, _stream(state, handle, parsed, ids))
+        return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
+    deltas, done = await collect(request, handle)
+    state.record(done)
+    text = "".join(d.text for d in deltas)
+    logprobs = [lp for d in deltas for lp in d.logprobs]
+    choice: dict[str, Any] = {"index": 0, "finish_reason": done.finish_reason}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+        choice["logprobs"] = _chat_logprobs(logprobs) if parsed.generate.top_logprobs is not None else None
+    else:
+        choice["text"] = text
+        choice["logprobs"] = _completion_logprobs(logprobs, 0) if parsed.generate.top_logprobs is not None else None
+    return JSONResponse({**ids.envelope(), "choices": [choice], "usage": _usage(done), "seed": done.seed}, headers=headers)
+
+
+class _Ids:
+    def __init__(self, response_id: str, created: int, model: str, chat: bool) -> None:
+        self.response_id, self.created, self.model, self.chat = response_id, created, model, chat
+
+    def envelope(self, chunk: bool = False) -> dict[str, Any]:
+        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
+        return {"id": self.response_id, "object": kind, "created": self.created, "model": self.model,
+                "system_fingerprint": "mlxkv"}
+
+
+async def _stream(state: ServerState, handle: GenerationHandle, parsed: OpenAiRequest, ids: _Ids) -> AsyncIterator[str]:
+    want_logprobs = parsed.generate.top_logprobs is not None
+    if ids.chat:
+        yield sse({**ids.envelope(True), "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                      "logprobs": None, "finish_reason": None}]})
+    offset = 0
+    async for event in handle.events():
+        if isinstance(event, Delta):
+            if not event.text and not event.logprobs:
+                continue
+            yield sse({**ids.envelope(True), "choices": [_chunk_choice(ids.chat, event, want_logprobs, offset)]})
+            offset += len(event.text)
+            continue
+        state.record(event)
+        final: dict[str, Any] = {"index": 0, "finish_reason": event.finish_reason, "logprobs": None}
+        if ids.chat:
+            final["delta"] = {}
+        else:
+            final["text"] = ""
+        yield sse({**ids.envelope(True), "choices": [final], "seed": event.seed})
+        if parsed.include_usage:
+            yield sse({**ids.envelope(True), "choices": [], "usage": _usage(event)})
+        yield sse("[DONE]")
+        return
+
+
+def _chunk_choice(chat: bool, delta: Delta, want_logprobs: bool, offset: int) -> dict[str, Any]:
+    if chat:
+        return {"index": 0, "delta": {"content": delta.text}, "finish_reason": None,
+                "logprobs": _chat_logprobs(list(delta.logprobs)) if want_logprobs else None}
+    return {"index": 0, "text": delta.text, "finish_reason": None,
+            "logprobs": _completion_logprobs(list(delta.logprobs), offset) if want_logprobs else None}
+
+
+def _usage(done: Finished) -> dict[str, Any]:
+    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+
+
+def _chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
+    return {"content": [{"token": lp.token, "logprob": lp.logprob, "bytes": list(lp.bytes),
+                         "top_logprobs": [{"token": t, "logprob": v, "bytes": list(b)} for t, v, b in lp.top]} for lp in items]}
+
+
+def _completion_logprobs(items: list[TokenLogprob], offset: int) -> dict[str, Any]:
+    offsets, at = [], offset
+    for lp in items:
+        offsets.append(at)
+        at += len(lp.token)
+    return {"tokens": [lp.token for lp in items], "token_logprobs": [lp.logprob for lp in items],
+            "top_logprobs": [{t: v for t, v, _ in lp.top} for lp in items], "text_offset": offsets}
