@@ -6,7 +6,6 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from starlette.testclient import TestClient
 
@@ -86,7 +85,7 @@ def locked(embedded: MlxAutoregressiveBinding) -> Iterator[TestClient]:
     engine.close(30)
 
 
-def post(client: TestClient, path: str, body: Any) -> httpx.Response:
+def post(client: TestClient, path: str, body: Any) -> Any:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     return client.post(path, content=content, headers={"content-type": "application/json"})
 
