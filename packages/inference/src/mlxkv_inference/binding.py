@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 from collections.abc import Sequence
@@ -52,6 +53,17 @@ class MlxAutoregressiveBinding:
     def compiled_traces(self) -> int:
         """How many distinct compiled decode steps exist (one per cache-kind combination)."""
         return self._compiled.num_traces
+
+    def release_thread_resources(self) -> None:
+        """Drop compiled decode steps and MLX's buffer cache, from the thread that ran them.
+
+        NOTE: a compiled step traced on a worker thread holds that thread's MLX stream; destroyed
+        later from the main thread at interpreter exit, it aborts the process ("terminate called
+        without an active exception"). A worker thread calls this before it ends.
+        """
+        self._compiled.clear()
+        gc.collect()
+        mx.clear_cache()
 
     def make_cache(self) -> list[LayerCache]:
         """Fresh per-layer caches for one sequence (kinds from the model's layers)."""

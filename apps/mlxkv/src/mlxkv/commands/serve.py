@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
+from collections.abc import Generator
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -55,13 +59,36 @@ def run(args: argparse.Namespace) -> int:
     app = build_app(engine, config)
     where = args.ssd_cache if args.ssd_cache is not None else "off"
     log.info("serving %s on http://%s:%d (SSD cache: %s)", binding.model_id, args.host, args.port, where)
+    server = GracefulServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           timeout_graceful_shutdown=int(SHUTDOWN_TIMEOUT_S)))
     try:
-        # uvicorn handles SIGTERM/SIGINT: stop accepting, let open responses finish (up to the timeout).
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                    timeout_graceful_shutdown=int(SHUTDOWN_TIMEOUT_S))
+        server.run()
     finally:
         engine.close(SHUTDOWN_TIMEOUT_S)
         log.info("prompt cache flushed; bye")
-    return 0
+    return 0 if server.started else 1
+
+
+class GracefulServer(uvicorn.Server):
+    """SIGTERM/SIGINT: stop accepting, let open responses finish (up to the timeout), return.
+
+    NOTE: uvicorn's own handler re-raises the signal once it has stopped, which would kill the
+    process before the prompt cache is flushed; this one returns so `run` can flush and exit 0.
+    A second signal forces the exit.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        def stop(signum: int, frame: FrameType | None) -> None:
+            if self.should_exit:
+                self.force_exit = True
+            self.should_exit = True
+
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 

@@ -117,15 +117,16 @@ class LocalEngine:
 
     def close(self, timeout: float) -> None:
         """Cancel what waits in the queue, let the running generation end, flush the cache."""
+        waiting: list[_Job | None] = []
         while True:
             try:
-                job = self._queue.get_nowait()
+                waiting.append(self._queue.get_nowait())
             except queue.Empty:
                 break
+        for job in waiting:
             if job is not None:
                 job.handle.cancel()
-                self._queue.put(job)  # the worker reports it cancelled
-                break
+                self._queue.put(job)  # the worker reports each one cancelled, in order
         self._queue.put(None)
         self._worker.join(timeout)
         if self.tiers is not None and not self.tiers.close(timeout):
@@ -153,6 +154,7 @@ class LocalEngine:
                 log.exception("generation %s failed", job.handle.generation_id)
                 self._update(job, status="failed", error=str(e))
                 job.handle.push(Finished("cancelled", None, len(job.prompt), 0, 0, 0, job.handle.generation_id, 0.0))
+        self.binding.release_thread_resources()
 
     def _serve(self, job: _Job) -> None:
         handle = job.handle

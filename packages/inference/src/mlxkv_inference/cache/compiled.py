@@ -36,6 +36,9 @@ class CompiledDecoder:
     def num_traces(self) -> int:
         return len(self._steps)
 
+    def clear(self) -> None:
+        self._steps.clear()
+
     def step(self, token: mx.array, caches: Sequence[LayerCache]) -> mx.array | None:
         """(1, vocab) logits for one token, or None when some cache cannot run compiled yet.
 
