@@ -67,7 +67,7 @@ def main() -> None:
     binding = load_binding()
     local = [in_process_run(binding, p, args.max_tokens) for p in PROMPTS]
     del binding
-    server = ServerProcess(Path(tempfile.mkdtemp(prefix="mlxkv-bench-serve-")) / "cache", "--no-ssd-cache")
+    server = ServerProcess(Path(tempfile.mkdtemp(prefix="mlxkv-bench-serve-")) / "cache", "--no-ssd-cache", "--prompt-cache-bytes", "0")
     try:
         http_run(server.url, "Hi", 2)  # warm-up: compiled step
         remote = [http_run(server.url, p, args.max_tokens) for p in PROMPTS]

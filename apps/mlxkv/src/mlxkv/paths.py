@@ -20,14 +20,19 @@ def default_cache_dir() -> Path:
 
 
 def parse_size(text: str) -> int:
-    """'512M', '20G', '1.5G' or a byte count -> bytes (argparse type)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
-    if m is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size; use e.g. 512M, 20G or a byte count")
-    value = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    """'512M', '20G', '1.5G' or a byte count -> bytes, at least one (argparse type)."""
+    value = parse_size_or_zero(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"size {text!r} must be at least one byte")
     return value
+
+
+def parse_size_or_zero(text: str) -> int:
+    """Like `parse_size`, but 0 is allowed (it turns the thing off)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size; use e.g. 512M, 20G or a byte count")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
 def default_ram_cache_bytes() -> int:

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 SUFFIX = ".mlxkv"
 DIR_MODE = 0o700
 TMP_GRACE_S = 60.0
+CHECKPOINT_DIR = "checkpoints"  # one file per request key, not part of the prompt index or its cap
 OBJECT_ATTACHMENT = "object"  # an object file: no tokens, one attachment whose schema is its key  # a younger .tmp may belong to a writer in another process
 
 
@@ -223,6 +224,48 @@ class SsdCacheStore:
     def restore_object_async(self, key: str, ns: str = "") -> Future[dict[str, mx.array] | None]:
         return self._io.submit(self.restore_object, key, ns)
 
+    # -- generation checkpoints ---------------------------------------------------------------
+    def save_checkpoint(self, tokens: Sequence[int], caches: Sequence[LayerCache], checkpoint: GenerationCheckpoint) -> bool:
+        """Write the newest checkpoint of `checkpoint.key`, atomically replacing the previous one
+        (which stays in place until the new one is durable). False on any failure."""
+        path = self._checkpoint_path(checkpoint.key)
+        try:
+            _make_private_dir(path.parent)
+            header = build_header(self.identity, tokens, checkpoint.cache_ns, checkpoint)
+            write_file_atomically(path, header, caches, None, self._policy)
+        except (OSError, StateError, ValueError) as e:
+            log.warning("checkpoint %s not written: %s", checkpoint.key[:12], e)
+            return False
+        return True
+
+    def load_checkpoint(self, key: str) -> RestoredState | None:
+        """The newest durable checkpoint of `key`, or None (a bad file is quarantined)."""
+        path = self._checkpoint_path(key)
+        if not path.is_file():
+            return None
+        try:
+            header, caches, attachments = read_file(path)
+        except FileNotFoundError:
+            return None
+        except (StateError, OSError, ValueError) as e:
+            log.warning("checkpoint file %s is unreadable (%s); quarantined", path.name, e)
+            self._quarantine(path)
+            return None
+        checkpoint = header.generation_checkpoint
+        if checkpoint is None or checkpoint.key != key or self._identity_problem(header, checkpoint.cache_ns, header.tokens):
+            log.warning("checkpoint file %s does not belong to this identity or key; ignored", path.name)
+            return None
+        mx.eval([c.state for c in caches])
+        return RestoredState(caches, header.tokens, attachments, checkpoint)
+
+    def remove_checkpoint(self, key: str) -> None:
+        self._checkpoint_path(key).unlink(missing_ok=True)
+
+    def _checkpoint_path(self, key: str) -> Path:
+        if not key or not all(c in "0123456789abcdef" for c in key):
+            raise ValueError(f"checkpoint key {key!r} must be a hex digest")
+        return self._root / CHECKPOINT_DIR / f"{key}{SUFFIX}"
+
     def remove(self, hit: CacheHit) -> None:
         with self._lock:
             entry = self._entries.pop(hit.entry_id, None)
@@ -306,7 +349,7 @@ class SsdCacheStore:
                 if path.name.endswith(".tmp"):
                     if now - path.stat().st_mtime > TMP_GRACE_S:
                         path.unlink(missing_ok=True)
-                elif path.suffix == SUFFIX:
+                elif path.suffix == SUFFIX and directory.name != CHECKPOINT_DIR:
                     self._index_file(path)
         self._evict_over_cap(keep="")
 

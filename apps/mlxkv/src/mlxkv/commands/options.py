@@ -6,7 +6,7 @@ import argparse
 
 from pathlib import Path
 
-from mlxkv.paths import DEFAULT_SSD_BYTES, default_cache_dir, default_ram_cache_bytes, parse_size
+from mlxkv.paths import DEFAULT_SSD_BYTES, default_cache_dir, default_ram_cache_bytes, parse_size, parse_size_or_zero
 from mlxkv_inference import DEFAULT_PREFILL_CHUNK, DEFAULT_QUANTIZED_KV_START, GenerationParams, KvScheme, SamplingParams
 
 
@@ -83,8 +83,9 @@ def generation_params_from(args: argparse.Namespace) -> GenerationParams:
 
 def add_cache_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("prompt cache")
-    group.add_argument("--prompt-cache-bytes", type=parse_size, default=default_ram_cache_bytes(), metavar="SIZE",
-                       help="RAM prompt cache cap (default: a quarter of RAM, at most 8G; now %(default)s bytes)")
+    group.add_argument("--prompt-cache-bytes", type=parse_size_or_zero, default=default_ram_cache_bytes(), metavar="SIZE",
+                       help="RAM prompt cache cap; 0 keeps nothing in RAM (default: a quarter of RAM, at most 8G; "
+                       "here %(default)s bytes)")
     group.add_argument("--ssd-cache", type=Path, default=default_cache_dir(), metavar="DIR",
                        help=f"SSD KV cache directory, kept across restarts (default: {default_cache_dir()})")
     group.add_argument("--no-ssd-cache", dest="ssd_cache", action="store_const", const=None,

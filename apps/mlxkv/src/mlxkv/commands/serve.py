@@ -41,6 +41,9 @@ def register(sub: Any) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="top-p when a request gives none (default: 1)")
     parser.add_argument("--max-body-bytes", type=parse_size, default=4 << 20, metavar="SIZE",
                         help="largest accepted request body (default: 4M); larger ones get 413")
+    parser.add_argument("--generation-checkpoint", type=int, default=32, metavar="N",
+                        help="with the SSD cache: checkpoint every generation every N tokens, so an identical request "
+                        "after a crash or restart continues where it stopped (default: 32; 0 turns it off)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     add_model_options(parser)
     add_cache_options(parser)
@@ -50,8 +53,11 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     binding = load_binding(args.model, kv_scheme_from(args))
-    tiers, _ = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max)
-    engine = LocalEngine(binding, tiers)
+    if args.generation_checkpoint < 0:
+        raise ValueError(f"--generation-checkpoint={args.generation_checkpoint} must be >= 0 (0 turns it off)")
+    tiers, cold = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max)
+    engine = LocalEngine(binding, tiers, checkpoint_store=cold.ssd if cold is not None else None,
+                         checkpoint_every=args.generation_checkpoint)
     config = ServeConfig(
         vocab_size=binding.tokenizer.vocab_size, default_max_tokens=args.max_tokens, default_temperature=args.temp,
         default_top_p=args.top_p, api_key=args.api_key, max_body_bytes=args.max_body_bytes,

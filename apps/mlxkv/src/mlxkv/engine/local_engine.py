@@ -10,18 +10,22 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import mlx.core as mx
 
-from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding, SamplingParams, TextDelta
+from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding, SamplingParams, TokenStep
 from mlxkv_inference.engine.cached_generation import CachedGenerator
-from mlxkv_inference.engine.generate import Generation
+from mlxkv_inference.engine.generate import CheckpointState, Generation, ResumePoint
 from mlxkv_inference.prompt_cache import TieredPromptCache
 from mlxkv_inference.tokenizer.chat import encode_chat
 from mlxkv_serve import Delta, Finished, GenerateRequest, PromptTooLongError, TokenLogprob
+from mlxkv_ssd_cache import KvIdentity, SsdCacheStore
+from mlxkv_state.header import GenerationCheckpoint
+
+from mlxkv.engine.checkpoints import CheckpointWriter, request_key
 
 log = logging.getLogger(__name__)
 KEEP_STATES = 1000
@@ -61,13 +65,28 @@ class _Job:
     history_end: int | None
     params: GenerationParams
     top_logprobs: int | None
+    key: str
     submitted: float = field(default_factory=time.perf_counter)
 
 
 class LocalEngine:
-    def __init__(self, binding: MlxAutoregressiveBinding, tiers: TieredPromptCache | None, *, context_length: int | None = None) -> None:
+    def __init__(
+        self,
+        binding: MlxAutoregressiveBinding,
+        tiers: TieredPromptCache | None,
+        *,
+        context_length: int | None = None,
+        checkpoint_store: SsdCacheStore | None = None,
+        checkpoint_every: int = 0,
+    ) -> None:
+        """`checkpoint_every` > 0 with a store: every so many tokens a generation's state is written
+        behind, and an identical request after a crash continues from it."""
         self.binding = binding
         self.tiers = tiers
+        self._identity = KvIdentity(binding.model_id, binding.tokenizer_hash, binding.config_fingerprint)
+        self._checkpoints = CheckpointWriter(checkpoint_store) if checkpoint_store is not None and checkpoint_every > 0 else None
+        self._checkpoint_store = checkpoint_store
+        self._checkpoint_every = checkpoint_every
         self.context_length = context_length or int(binding.config.get("max_position_embeddings") or 4096)
         self._generator = CachedGenerator(binding, tiers)
         self._queue: queue.Queue[_Job | None] = queue.Queue()
@@ -95,7 +114,7 @@ class LocalEngine:
         )
         params = GenerationParams(max_tokens=request.max_tokens, sampling=sampling, stop=request.stop)
         handle = _Handle(uuid.uuid4().hex[:24], len(prompt), asyncio.get_running_loop())
-        job = _Job(handle, prompt, history_end, params, request.top_logprobs)
+        job = _Job(handle, prompt, history_end, params, request.top_logprobs, request_key(self._identity, "", prompt, params))
         self._remember(handle.generation_id, {"id": handle.generation_id, "status": "queued", "created": time.time(),
                                               "prompt_tokens": len(prompt)})
         self._queue.put(job)
@@ -108,7 +127,8 @@ class LocalEngine:
         return {name: getattr(stats, name) for name in stats.__dataclass_fields__}
 
     def flush(self, timeout: float) -> bool:
-        return self.tiers.flush(timeout) if self.tiers is not None else True
+        checkpoints = self._checkpoints.flush(timeout) if self._checkpoints is not None else True
+        return checkpoints and (self.tiers.flush(timeout) if self.tiers is not None else True)
 
     def generation_state(self, generation_id: str) -> Mapping[str, object] | None:
         with self._lock:
@@ -129,6 +149,8 @@ class LocalEngine:
                 self._queue.put(job)  # the worker reports each one cancelled, in order
         self._queue.put(None)
         self._worker.join(timeout)
+        if self._checkpoints is not None and not self._checkpoints.close(timeout):
+            log.warning("checkpoint writes did not finish within %.0f s", timeout)
         if self.tiers is not None and not self.tiers.close(timeout):
             log.warning("prompt cache writes did not finish within %.0f s", timeout)
 
@@ -163,30 +185,59 @@ class LocalEngine:
             handle.push(Finished("cancelled", None, len(job.prompt), 0, 0, 0, handle.generation_id, 0.0))
             return
         self._update(job, status="running")
-        generation = self._generator.start(job.prompt, job.params, history_end=job.history_end)
+        generation = self._start(job)
         first: float | None = None
         for delta in generation:
             if first is None:
                 first = time.perf_counter() - job.submitted  # queueing included, as a client sees it
             if handle.cancelled.is_set():
                 generation.cancel()
-            final = generation.result is not None  # the held-back tail, after the last token
-            logprobs = () if final or job.top_logprobs is None else (self._logprob(delta, job.top_logprobs),)
+            # No logprobs for the held-back tail, for replayed text, or for a resumed pending token.
+            step = delta.step
+            has_logprobs = step is not None and step.logprobs.size > 0 and generation.result is None
+            logprobs = (self._logprob(step, job.top_logprobs),) if has_logprobs and step and job.top_logprobs is not None else ()
             if delta.text or logprobs:
                 handle.push(Delta(delta.text, logprobs))
         self._generator.settle(generation)
         result = generation.result
         assert result is not None
+        if self._checkpoints is not None and result.finish_reason != "cancelled":
+            self._checkpoints.remove(job.key)  # finished: nothing left to resume
         self._update(job, status=result.finish_reason if result.finish_reason == "cancelled" else "finished",
                      finish_reason=result.finish_reason, completion_tokens=result.generated_tokens,
                      cached_tokens=result.cached_tokens, seed=result.seed)
         handle.push(Finished(result.finish_reason, generation.stop_string, result.prompt_tokens, result.generated_tokens,
                              result.cached_tokens, result.seed, handle.generation_id, first or 0.0))
 
-    def _logprob(self, delta: TextDelta, top: int) -> TokenLogprob:
+    def _start(self, job: _Job) -> Generation:
+        """A generation continuing this request's checkpoint if one is durable, else a new one."""
+        on_checkpoint = (lambda state: self._save_checkpoint(job, state)) if self._checkpoints else None
+        restored = self._checkpoint_store.load_checkpoint(job.key) if self._checkpoints and self._checkpoint_store else None
+        checkpoint = restored.generation_checkpoint if restored is not None else None
+        if restored is not None and checkpoint is not None and _fits(checkpoint, restored.tokens, job.prompt):
+            sampling = replace(job.params.sampling, seed=checkpoint.seed)
+            self._update(job, resumed_tokens=len(checkpoint.generated_tokens))
+            return Generation(
+                self.binding, job.prompt, replace(job.params, sampling=sampling), caches=restored.caches,
+                resume=ResumePoint(checkpoint.generated_tokens, checkpoint.pending_token),
+                checkpoint_every=self._checkpoint_every, on_checkpoint=on_checkpoint,
+            )
+        return self._generator.start(job.prompt, job.params, history_end=job.history_end,
+                                     checkpoint_every=self._checkpoint_every, on_checkpoint=on_checkpoint)
+
+    def _save_checkpoint(self, job: _Job, state: CheckpointState) -> None:
+        assert self._checkpoints is not None
+        checkpoint = GenerationCheckpoint(
+            cache_ns="", generated_tokens=state.generated, key=job.key, original_prompt_tokens=len(job.prompt),
+            pending_token=state.pending, seed=state.seed, seed_was_explicit=job.params.sampling.seed is not None,
+        )
+        self._checkpoints.save(job.prompt + list(state.generated), state.caches, checkpoint)
+        self._update(job, checkpointed_tokens=len(state.generated))
+
+    def _logprob(self, step: TokenStep, top: int) -> TokenLogprob:
         tokenizer = self.binding.tokenizer
-        lp = delta.step.logprobs
-        token = delta.step.token
+        lp = step.logprobs
+        token = step.token
         chosen = _float(lp[token])
         alternatives: list[tuple[str, float, tuple[int, ...]]] = []
         if top > 0:
@@ -216,3 +267,7 @@ def _float(value: mx.array) -> float:
 def _top_ids(logprobs: mx.array, k: int) -> list[int]:
     ids = mx.argsort(-logprobs)[:k].tolist()
     return [int(i) for i in ids]  # type: ignore[union-attr, arg-type]
+
+
+def _fits(checkpoint: GenerationCheckpoint, tokens: Sequence[int], prompt: list[int]) -> bool:
+    return checkpoint.original_prompt_tokens == len(prompt) and tuple(tokens) == tuple(prompt) + checkpoint.generated_tokens

@@ -3,11 +3,11 @@ prompt while prefilling, publish the settled state afterwards."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from mlxkv_inference.binding import MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
-from mlxkv_inference.engine.generate import Generation, GenerationParams
+from mlxkv_inference.engine.generate import CheckpointState, Generation, GenerationParams
 from mlxkv_inference.prompt_cache.tiered import Fetched, TieredPromptCache
 
 
@@ -18,7 +18,16 @@ class CachedGenerator:
         self.binding = binding
         self.tiers = tiers
 
-    def start(self, prompt: Sequence[int], params: GenerationParams, ns: str = "", *, history_end: int | None = None) -> Generation:
+    def start(
+        self,
+        prompt: Sequence[int],
+        params: GenerationParams,
+        ns: str = "",
+        *,
+        history_end: int | None = None,
+        checkpoint_every: int = 0,
+        on_checkpoint: Callable[[CheckpointState], None] | None = None,
+    ) -> Generation:
         """A generation whose caches start from the longest cached prefix of `prompt`.
 
         Prefill pauses to snapshot the prompt state at `history_end` (the end of a chat's templated
@@ -31,6 +40,8 @@ class CachedGenerator:
             self.binding, prompt, params, caches=fetched.caches,
             snapshot_at=points if self.tiers is not None else (),
             on_snapshot=lambda tokens, caches: self._publish(tokens, caches, ns),
+            checkpoint_every=checkpoint_every,
+            on_checkpoint=on_checkpoint,
         )
 
     def settle(self, generation: Generation, ns: str = "") -> None:

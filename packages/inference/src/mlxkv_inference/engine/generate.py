@@ -11,7 +11,9 @@ from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBind
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
 from mlxkv_inference.engine.logits import context_window, make_logits_processors
-from mlxkv_inference.cache.reuse import covered_tokens
+import mlx.core as mx
+
+from mlxkv_inference.cache.reuse import clone_trimmed, covered_tokens
 from mlxkv_inference.engine.loop import TokenStep, generate_steps
 from mlxkv_inference.engine.sampling import SamplingParams, choose_seed, make_sampler
 
@@ -38,10 +40,30 @@ class GenerationParams:
 
 @dataclass(frozen=True, slots=True)
 class TextDelta:
-    """Newly final text and the token that produced it ('' while text is held back)."""
+    """Newly final text and the token that produced it ('' while text is held back); `step` is
+    None for text replayed from a checkpoint."""
 
     text: str
-    step: TokenStep
+    step: TokenStep | None
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePoint:
+    """Where a checkpointed generation stands: tokens already generated (and fed to the caches)
+    and the token sampled next, never fed."""
+
+    generated: tuple[int, ...]
+    pending: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointState:
+    """A consistent snapshot: `caches` hold the prompt and `generated`; `pending` comes next."""
+
+    generated: tuple[int, ...]
+    pending: int
+    caches: list[LayerCache]
+    seed: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,15 +96,24 @@ class Generation:
         history: Sequence[int] = (),
         snapshot_at: Sequence[int] = (),
         on_snapshot: Callable[[Sequence[int], list[LayerCache]], None] | None = None,
+        resume: ResumePoint | None = None,
+        checkpoint_every: int = 0,
+        on_checkpoint: Callable[[CheckpointState], None] | None = None,
     ) -> None:
         self._binding = binding
         self._params = params
         self.seed = params.sampling.seed if params.sampling.seed is not None else choose_seed()
         self.caches = caches if caches is not None else binding.make_cache()
         self.cached_tokens = covered_tokens(self.caches)
-        # `history` resumes a generation: its tokens were generated before, at steps 0..k-1.
-        self.prompt = list(prompt) + list(history)
-        self._first_step = len(history)
+        # `history` restarts a generation: its tokens were generated before, at steps 0..k-1.
+        # `resume` continues one from a checkpoint: its caches already hold the generated tokens.
+        self._resume = resume
+        replayed = list(resume.generated) if resume is not None else list(history)
+        self.prompt = list(prompt) + replayed
+        self._first_step = len(replayed)
+        self._original_prompt = len(prompt)
+        self._checkpoint_every = checkpoint_every
+        self._on_checkpoint = on_checkpoint
         self._tokens: list[int] = []
         self._yielded: list[int] = []  # every token the loop produced, EOS included
         self._snapshot_at = tuple(snapshot_at)
@@ -98,12 +129,17 @@ class Generation:
     def __iter__(self) -> Iterator[TextDelta]:
         self._t0 = time.perf_counter()
         sampling = self._params.sampling
+        if self._resume is not None:
+            for token in self._resume.generated:  # the text already generated, sent again first
+                self._tokens.append(token)
+                self._yielded.append(token)
+                yield TextDelta(self._detok.add(token), None)
         steps = generate_steps(
             self._binding,
             self.prompt,
             self.caches,
             sampler=make_sampler(sampling, self.seed),
-            max_tokens=self._params.max_tokens,
+            max_tokens=self._params.max_tokens - self._first_step if self._resume is not None else self._params.max_tokens,
             processors=make_logits_processors(sampling),
             context_window=context_window(sampling),
             prefill_chunk=self._params.prefill_chunk,
@@ -112,7 +148,11 @@ class Generation:
             compiled_decode=self._params.compiled_decode,
             snapshot_at=self._snapshot_at,
             on_snapshot=self._snapshot if self._on_snapshot is not None else None,
+            resume_pending=self._resume.pending if self._resume is not None else None,
+            checkpoint_every=self._checkpoint_every,
+            on_checkpoint=self._checkpoint if self._on_checkpoint is not None else None,
         )
+        step: TokenStep | None = None
         for step in steps:
             if self._cancelled:
                 self._finish = "cancelled"
@@ -154,6 +194,13 @@ class Generation:
         """The tokens the caches hold now: the prompt and the generated tokens fed so far."""
         return (self.prompt + self._yielded)[: covered_tokens(self.caches)]
 
+    def _checkpoint(self, pending: int, emitted: int) -> None:
+        assert self._on_checkpoint is not None
+        generated = tuple(self._yielded)
+        copies = clone_trimmed(self.caches, len(self.prompt) - self._first_step + len(generated))
+        mx.eval([c.state for c in copies])
+        self._on_checkpoint(CheckpointState(generated, pending, copies, self.seed))
+
     def _snapshot(self, num_tokens: int) -> None:
         assert self._on_snapshot is not None
         self._on_snapshot(self.prompt[:num_tokens], self.caches)
@@ -165,12 +212,12 @@ class Generation:
         prefilled = len(self.prompt) - self.cached_tokens
         ttft = self._t_first - self._t0
         decode_time = self._t_end - self._t_first
-        n = len(self._tokens)
+        n = len(self._tokens) - (self._first_step if self._resume is not None else 0)
         return GenerationResult(
             token_ids=tuple(self._tokens),
             text=self._detok.text,
             finish_reason=self._finish,
-            prompt_tokens=len(self.prompt) - self._first_step,
+            prompt_tokens=self._original_prompt,
             cached_tokens=self.cached_tokens,
             generated_tokens=n,
             seed=self.seed,

@@ -47,6 +47,9 @@ def generate_steps(
     compiled_decode: bool = True,
     snapshot_at: Sequence[int] = (),
     on_snapshot: Callable[[int], None] | None = None,
+    resume_pending: int | None = None,
+    checkpoint_every: int = 0,
+    on_checkpoint: Callable[[int, int], None] | None = None,
 ) -> Iterator[TokenStep]:
     """Yield up to `max_tokens` tokens continuing `prompt` (which must not be empty).
 
@@ -55,22 +58,32 @@ def generate_steps(
     at token i, the caches cover `prompt` plus the tokens the loop fed (i included unless it was
     the last of `max_tokens`). Prefill pauses at each of `snapshot_at` (token counts) and calls
     `on_snapshot(n)` while the caches hold exactly the first n prompt tokens.
+
+    Resuming (`resume_pending`): the caches already hold all of `prompt` and the token sampled
+    next (but never fed) is given; it is yielded first, at step `first_step`, and nothing is
+    prefilled. Every `checkpoint_every` tokens, `on_checkpoint(pending, emitted)` is called while
+    the caches hold `prompt` plus the `emitted` tokens yielded so far and `pending` has been
+    sampled but not fed: the state a resumed generation starts from.
     """
     if not prompt:
         raise ValueError("prompt must hold at least one token")
     if max_tokens < 1:
         return
     cached = covered_tokens(caches)
-    if cached >= len(prompt):
+    if resume_pending is None and cached >= len(prompt):
         raise ValueError(f"caches already hold {cached} tokens; the prompt has only {len(prompt)}")
+    if resume_pending is not None and cached != len(prompt):
+        raise ValueError(f"resuming needs caches holding the whole prompt ({len(prompt)}), not {cached}")
     for point in sorted({p for p in snapshot_at if cached < p <= len(prompt) - 1}):
         binding.prefill(prompt[cached:point], caches, prefill_chunk)
         cached = point
         if on_snapshot is not None:
             on_snapshot(point)
-    binding.prefill(prompt[cached:-1], caches, prefill_chunk)
+    if resume_pending is None:
+        binding.prefill(prompt[cached:-1], caches, prefill_chunk)
     window = context_window if processors else 0
-    history = mx.array(list(prompt[:-1])[-window:] if window else [], dtype=mx.int32)
+    seen = list(prompt) if resume_pending is not None else list(prompt[:-1])
+    history = mx.array(seen[-window:] if window else [], dtype=mx.int32)
 
     decode = _Decoder(binding, caches, compiled_decode)
 
@@ -84,9 +97,14 @@ def generate_steps(
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         return sampler(logprobs, index), logprobs.squeeze(0)
 
-    y, logprobs = step(mx.array([prompt[-1]]), first_step)
-    _mlx_lm.async_eval(y, logprobs)
+    if resume_pending is None:
+        y, logprobs = step(mx.array([prompt[-1]]), first_step)
+        _mlx_lm.async_eval(y, logprobs)
+    else:  # its logprobs were not kept: the step that sampled it ran before the restart
+        y, logprobs = mx.array([resume_pending], dtype=mx.uint32), mx.zeros((0,))
     for n in range(max_tokens):
+        if n > 0 and checkpoint_every and on_checkpoint is not None and n % checkpoint_every == 0:
+            on_checkpoint(_token(y), n)
         if n + 1 < max_tokens:
             next_y, next_logprobs = step(y, first_step + n + 1)
             _mlx_lm.async_eval(next_y, next_logprobs)
