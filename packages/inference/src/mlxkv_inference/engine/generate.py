@@ -212,14 +212,14 @@ class Generation:
         prefilled = len(self.prompt) - self.cached_tokens
         ttft = self._t_first - self._t0
         decode_time = self._t_end - self._t_first
-        n = len(self._tokens) - (self._first_step if self._resume is not None else 0)
+        n = len(self._tokens) - (self._first_step if self._resume is not None else 0)  # decoded in this run
         return GenerationResult(
             token_ids=tuple(self._tokens),
             text=self._detok.text,
             finish_reason=self._finish,
             prompt_tokens=self._original_prompt,
             cached_tokens=self.cached_tokens,
-            generated_tokens=n,
+            generated_tokens=len(self._tokens),
             seed=self.seed,
             ttft_s=ttft,
             prefill_tps=prefilled / ttft if ttft > 0 else 0.0,

@@ -1,0 +1,115 @@
+"""Acceptance: `mlxkv serve` killed with SIGKILL mid-generation; after a restart the identical
+request continues from its checkpoint and ends with exactly the uninterrupted run's text."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding, SamplingParams
+from mlxkv_inference.engine.cached_generation import CachedGenerator
+from mlxkv_inference.prompt_cache import TieredPromptCache
+from tests.server_process import ServerProcess
+
+# A story the embedded model tells for 200 tokens, greedy or sampled (checked), so the kill lands mid-way.
+PROMPT = "Once upon a time, in a kingdom by the sea, there lived"
+MAX_TOKENS = 200
+KILL_AFTER = 100
+
+
+def stream_chunks(url: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, timeout=600) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                yield json.loads(line[6:])
+
+
+def stream_until_killed(server: ServerProcess, body: dict[str, Any]) -> int:
+    """Stream the request and SIGKILL the server after KILL_AFTER text chunks; returns the chunks seen."""
+    seen = 0
+    try:
+        for chunk in stream_chunks(server.url, body):
+            if chunk["choices"] and chunk["choices"][0]["text"]:
+                seen += 1
+                if seen == KILL_AFTER:
+                    server.process.kill()
+    except httpx.HTTPError:
+        pass  # the connection dies with the server
+    server.process.wait(30)
+    return seen
+
+
+def complete(server: ServerProcess, body: dict[str, Any]) -> dict[str, Any]:
+    response = httpx.post(server.url + "/v1/completions", json=body, timeout=600)
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def uninterrupted(binding: MlxAutoregressiveBinding, sampling: SamplingParams) -> str:
+    """The same request run to the end in this process, along the server's path (prompt cache on)."""
+    generator = CachedGenerator(binding, TieredPromptCache(1 << 30))
+    generation = generator.start(binding.tokenizer.encode(PROMPT), GenerationParams(max_tokens=MAX_TOKENS, sampling=sampling))
+    return generation.run().text
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [{"temperature": 0}, {"temperature": 0.8, "seed": 1234}, {"temperature": 0.8}],
+    ids=["greedy", "explicit-seed", "server-seed"],
+)
+def test_sigkill_then_identical_retry_continues_exactly(sampling: dict[str, Any], embedded: MlxAutoregressiveBinding, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    body = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, **sampling}
+    first = ServerProcess(cache, "--generation-checkpoint", "16")
+    try:
+        assert stream_until_killed(first, body) == KILL_AFTER
+    finally:
+        first.stop()
+    assert list((cache).rglob("checkpoints/*.mlxkv")) != []
+    second = ServerProcess(cache, "--generation-checkpoint", "16")
+    try:
+        resumed = complete(second, body)
+    finally:
+        second.stop()
+    usage = resumed["usage"]
+    assert usage["completion_tokens"] > KILL_AFTER + 20
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= usage["prompt_tokens"] + 90  # prompt and ~96 tokens restored
+    expected = uninterrupted(embedded, SamplingParams(temperature=float(sampling["temperature"]), seed=resumed["seed"]))
+    assert resumed["choices"][0]["text"] == expected
+    if "seed" in sampling:
+        assert resumed["seed"] == sampling["seed"]
+
+
+def test_kill_during_a_checkpoint_write_leaves_a_usable_state(embedded: MlxAutoregressiveBinding, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    body = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0}
+    first = ServerProcess(cache, "--generation-checkpoint", "16")
+    try:
+        stream_until_killed(first, body)
+    finally:
+        first.stop()
+    checkpoint = next(cache.rglob("checkpoints/*.mlxkv"))
+    durable = checkpoint.read_bytes()
+    # What a writer killed mid-write leaves: a partial tmp file beside the last durable checkpoint.
+    partial = checkpoint.with_name(checkpoint.name + ".4242.1.tmp")
+    partial.write_bytes(durable[: len(durable) // 2])
+    # And, worse, a checkpoint file that is itself cut short (a filesystem without atomic rename).
+    checkpoint.write_bytes(durable[: len(durable) // 2])
+    expected = uninterrupted(embedded, SamplingParams())
+    second = ServerProcess(cache, "--generation-checkpoint", "16")
+    try:
+        fresh = complete(second, body)  # the cut checkpoint is ignored: a fresh generation
+        assert fresh["usage"]["prompt_tokens_details"]["cached_tokens"] < fresh["usage"]["prompt_tokens"]
+        assert fresh["choices"][0]["text"] == expected
+        checkpoint.write_bytes(durable)  # the durable checkpoint beside the partial tmp
+        resumed = complete(second, body)
+        assert resumed["usage"]["prompt_tokens_details"]["cached_tokens"] > resumed["usage"]["prompt_tokens"]
+        assert resumed["choices"][0]["text"] == expected
+    finally:
+        second.stop()
