@@ -122,17 +122,10 @@ class SsdCacheStore:
         """Caches covering `hit.num_tokens`, or None (logged; a bad file is quarantined)."""
         with self._lock:
             entry = self._entries.get(hit.entry_id)
-        if entry is None:
+        loaded = self._read(entry) if entry is not None else None
+        if entry is None or loaded is None:
             return None
-        try:
-            header, caches, attachments = read_file(entry.path)
-        except FileNotFoundError:
-            self._forget(entry.entry_id)
-            return None
-        except (StateError, OSError, ValueError) as e:
-            log.warning("KV file %s is unreadable (%s); quarantined", entry.path.name, e)
-            self._quarantine(entry)
-            return None
+        header, caches, attachments = loaded
         problem = self._identity_problem(header, hit.ns, entry.tokens)
         if problem is not None:
             log.warning("KV file %s not restored: %s", entry.path.name, problem)
@@ -204,17 +197,10 @@ class SsdCacheStore:
     def restore_object(self, key: str, ns: str = "") -> dict[str, mx.array] | None:
         with self._lock:
             entry = self._entries.get(_object_id(ns, key))
-        if entry is None:
+        loaded = self._read(entry) if entry is not None else None
+        if entry is None or loaded is None:
             return None
-        try:
-            header, _, attachments = read_file(entry.path)
-        except FileNotFoundError:
-            self._forget(entry.entry_id)
-            return None
-        except (StateError, OSError, ValueError) as e:
-            log.warning("object file %s is unreadable (%s); quarantined", entry.path.name, e)
-            self._quarantine(entry)
-            return None
+        header, _, attachments = loaded
         group = attachments.groups.get(OBJECT_ATTACHMENT)
         if self._identity_problem(header, ns, ()) is not None or group is None or group[0] != key:
             return None
@@ -241,16 +227,10 @@ class SsdCacheStore:
     def load_checkpoint(self, key: str) -> RestoredState | None:
         """The newest durable checkpoint of `key`, or None (a bad file is quarantined)."""
         path = self._checkpoint_path(key)
-        if not path.is_file():
+        loaded = self._read(path) if path.is_file() else None
+        if loaded is None:
             return None
-        try:
-            header, caches, attachments = read_file(path)
-        except FileNotFoundError:
-            return None
-        except (StateError, OSError, ValueError) as e:
-            log.warning("checkpoint file %s is unreadable (%s); quarantined", path.name, e)
-            self._quarantine(path)
-            return None
+        header, caches, attachments = loaded
         checkpoint = header.generation_checkpoint
         if checkpoint is None or checkpoint.key != key or self._identity_problem(header, checkpoint.cache_ns, header.tokens):
             log.warning("checkpoint file %s does not belong to this identity or key; ignored", path.name)
@@ -281,6 +261,20 @@ class SsdCacheStore:
         self._io.shutdown(wait=True)
 
     # -- helpers ---------------------------------------------------------------------------
+    def _read(self, source: _Entry | Path) -> tuple[KvFileHeader, list[LayerCache], Attachments] | None:
+        """A whole file, or None: gone (forgotten) or unreadable (logged and quarantined)."""
+        path = source.path if isinstance(source, _Entry) else source
+        try:
+            return read_file(path)
+        except FileNotFoundError:
+            if isinstance(source, _Entry):
+                self._forget(source.entry_id)
+            return None
+        except (StateError, OSError, ValueError) as e:
+            log.warning("KV file %s is unreadable (%s); quarantined", path.name, e)
+            self._quarantine(source)
+            return None
+
     def _supersede(self, new: _Entry) -> None:
         """Drop shorter ancestors the new entry can serve (it must be trimmable down to them)."""
         for entry in list(self._entries.values()):

@@ -16,7 +16,24 @@ from mlxkv_inference.cache.slots import KvDecodeSlot
 STEP = 256
 
 
-class PlainKVCache:
+class _DenseBuffers:
+    """What both full-precision kinds derive from their key and value buffers."""
+
+    keys: mx.array | None
+    values: mx.array | None
+
+    def empty(self) -> bool:
+        return self.keys is None
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None or self.values is None else self.keys.nbytes + self.values.nbytes
+
+    def bytes_per_token(self) -> int:
+        return _bytes_per_token(self.keys, self.values)
+
+
+class PlainKVCache(_DenseBuffers):
     """Keys and values for every token; trimmable to any length."""
 
     step = STEP
@@ -42,13 +59,6 @@ class PlainKVCache:
     def size(self) -> int:
         return self.offset
 
-    def empty(self) -> bool:
-        return self.keys is None
-
-    @property
-    def nbytes(self) -> int:
-        return 0 if self.keys is None or self.values is None else self.keys.nbytes + self.values.nbytes
-
     @property
     def state(self) -> tuple[mx.array | None, mx.array | None, int]:
         return self.keys, self.values, self.offset
@@ -68,9 +78,6 @@ class PlainKVCache:
         n = _check_trim(n, self.offset)
         self.offset -= n
         return n
-
-    def bytes_per_token(self) -> int:
-        return _bytes_per_token(self.keys, self.values)
 
     def decode_phase(self) -> DecodePhase:
         return "concat"
@@ -129,7 +136,7 @@ class PlainKVCache:
         return self.keys, self.values
 
 
-class RotatingKVCache:
+class RotatingKVCache(_DenseBuffers):
     """A sliding window of `max_size` tokens (the first `keep` are never evicted).
 
     Phase "concat" until the window fills, then "ring": each token overwrites the oldest. Once
@@ -173,13 +180,6 @@ class RotatingKVCache:
 
     def size(self) -> int:
         return min(self.offset, self.max_size)
-
-    def empty(self) -> bool:
-        return self.keys is None
-
-    @property
-    def nbytes(self) -> int:
-        return 0 if self.keys is None or self.values is None else self.keys.nbytes + self.values.nbytes
 
     @property
     def state(self) -> tuple[mx.array | None, mx.array | None, int, int, int, int]:
@@ -228,9 +228,6 @@ class RotatingKVCache:
         self.offset -= n
         self._idx -= n
         return n
-
-    def bytes_per_token(self) -> int:
-        return _bytes_per_token(self.keys, self.values)
 
     def decode_phase(self) -> DecodePhase:
         return "ring" if self.offset >= self.max_size else "concat"
