@@ -22,8 +22,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def engine(embedded: MlxAutoregressiveBinding, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalEngine]:
-    tiers, _ = build_tiers(embedded, ram_bytes=1 << 30, ssd_dir=tmp_path_factory.mktemp("ssd"), ssd_bytes=1 << 30)
-    engine = LocalEngine(embedded, tiers)
+    tiers, cold = build_tiers(embedded, ram_bytes=1 << 30, ssd_dir=tmp_path_factory.mktemp("ssd"), ssd_bytes=1 << 30)
+    engine = LocalEngine(embedded, tiers, ssd_store=cold.ssd if cold else None)
     yield engine
     engine.close(30)
 
@@ -131,6 +131,7 @@ def test_models_health_cache_stats_and_flush(base_url: str) -> None:
     assert flushed.status_code == 200 and flushed.json()["pending_writes"] == 0
     stats = httpx.get(base_url + "/v1/cache/stats").json()
     assert stats["ram_entries"] >= 1 and stats["writes_done"] >= 1
+    assert stats["ssd_entries"] >= 1 and 0 < stats["ssd_bytes"] <= stats["ssd_max_bytes"]
 
 
 def metric_values(base_url: str) -> dict[str, float]:
@@ -146,7 +147,7 @@ def test_metrics_parse_and_counters_move(base_url: str, oai: openai.OpenAI) -> N
     assert after[key] == before.get(key, 0) + 1
     assert after["mlxkv_completion_tokens_total[]"] == before["mlxkv_completion_tokens_total[]"] + 4
     assert after["mlxkv_time_to_first_token_seconds_count[]"] == before["mlxkv_time_to_first_token_seconds_count[]"] + 1
-    assert "mlxkv_cache_ram_hits[]" in after and "mlxkv_cache_ram_bytes[]" in after
+    assert "mlxkv_cache_ram_hits[]" in after and "mlxkv_cache_ram_bytes[]" in after and "mlxkv_cache_ssd_bytes[]" in after
 
 
 def test_client_disconnect_cancels_the_generation(base_url: str) -> None:

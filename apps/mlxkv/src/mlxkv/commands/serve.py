@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if args.generation_checkpoint < 0:
         raise ValueError(f"--generation-checkpoint={args.generation_checkpoint} must be >= 0 (0 turns it off)")
     tiers, cold = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max)
-    engine = LocalEngine(binding, tiers, checkpoint_store=cold.ssd if cold is not None else None,
+    engine = LocalEngine(binding, tiers, ssd_store=cold.ssd if cold is not None else None,
                          checkpoint_every=args.generation_checkpoint)
     config = ServeConfig(
         vocab_size=binding.tokenizer.vocab_size, default_max_tokens=args.max_tokens, default_temperature=args.temp,

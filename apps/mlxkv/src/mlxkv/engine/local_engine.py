@@ -76,16 +76,17 @@ class LocalEngine:
         tiers: TieredPromptCache | None,
         *,
         context_length: int | None = None,
-        checkpoint_store: SsdCacheStore | None = None,
+        ssd_store: SsdCacheStore | None = None,
         checkpoint_every: int = 0,
     ) -> None:
-        """`checkpoint_every` > 0 with a store: every so many tokens a generation's state is written
-        behind, and an identical request after a crash continues from it."""
+        """`ssd_store` is the tiers' SSD store (for its stats and for checkpoints); with
+        `checkpoint_every` > 0 a generation's state is written behind every so many tokens, and an
+        identical request after a crash continues from it."""
         self.binding = binding
         self.tiers = tiers
         self._identity = KvIdentity(binding.model_id, binding.tokenizer_hash, binding.config_fingerprint)
-        self._checkpoints = CheckpointWriter(checkpoint_store) if checkpoint_store is not None and checkpoint_every > 0 else None
-        self._checkpoint_store = checkpoint_store
+        self._checkpoints = CheckpointWriter(ssd_store) if ssd_store is not None and checkpoint_every > 0 else None
+        self._ssd = ssd_store
         self._checkpoint_every = checkpoint_every
         self.context_length = context_length or int(binding.config.get("max_position_embeddings") or 4096)
         self._generator = CachedGenerator(binding, tiers)
@@ -121,10 +122,16 @@ class LocalEngine:
         return handle
 
     def cache_stats(self) -> Mapping[str, int | float]:
-        if self.tiers is None:
-            return {}
-        stats = self.tiers.stats()
-        return {name: getattr(stats, name) for name in stats.__dataclass_fields__}
+        out: dict[str, int | float] = {}
+        if self.tiers is not None:
+            stats = self.tiers.stats()
+            out.update({name: getattr(stats, name) for name in stats.__dataclass_fields__})
+        if self._ssd is not None:
+            ssd = self._ssd.stats()
+            out.update({f"ssd_{name}": getattr(ssd, name) for name in ssd.__dataclass_fields__})
+        if self._checkpoints is not None:
+            out["checkpoints_written"] = self._checkpoints.written
+        return out
 
     def flush(self, timeout: float) -> bool:
         checkpoints = self._checkpoints.flush(timeout) if self._checkpoints is not None else True
@@ -212,7 +219,7 @@ class LocalEngine:
     def _start(self, job: _Job) -> Generation:
         """A generation continuing this request's checkpoint if one is durable, else a new one."""
         on_checkpoint = (lambda state: self._save_checkpoint(job, state)) if self._checkpoints else None
-        restored = self._checkpoint_store.load_checkpoint(job.key) if self._checkpoints and self._checkpoint_store else None
+        restored = self._ssd.load_checkpoint(job.key) if self._checkpoints and self._ssd else None
         checkpoint = restored.generation_checkpoint if restored is not None else None
         if restored is not None and checkpoint is not None and _fits(checkpoint, restored.tokens, job.prompt):
             sampling = replace(job.params.sampling, seed=checkpoint.seed)
