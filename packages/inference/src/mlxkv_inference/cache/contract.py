@@ -27,6 +27,11 @@ class CacheTrimError(ValueError):
     """A trim the cache cannot honour (wrapped ring, quantized prefix, recurrent state)."""
 
 
+class CompiledStepUnsupported(RuntimeError):
+    """The model asked a decode slot for something the compiled step cannot express; the
+    generation falls back to the ordinary graph."""
+
+
 @dataclass(frozen=True, slots=True)
 class DecodePlan:
     """One decode step of one cache: the token lands at `write_index` of a `capacity` buffer."""

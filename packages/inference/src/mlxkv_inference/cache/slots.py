@@ -10,7 +10,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxkv_inference.cache.contract import DecodePlan
+from mlxkv_inference.cache.contract import CompiledStepUnsupported, DecodePlan
 
 
 class KvDecodeSlot:
@@ -41,7 +41,7 @@ class KvDecodeSlot:
     def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False) -> Any:
         if self._phase == "ring":
             if window_size is not None and window_size < self._capacity():
-                raise NotImplementedError("ring window narrower than the buffer runs uncompiled")
+                raise CompiledStepUnsupported("a ring window narrower than its buffer runs uncompiled")
             return None
         return mx.arange(self._capacity()) <= self._write
 
