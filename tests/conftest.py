@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
+
+# Nothing the tests run (in process or as a subprocess) may touch the user's own cache directory.
+os.environ["MLXKV_CACHE_DIR"] = tempfile.mkdtemp(prefix="mlxkv-test-cache-")
 
 from mlxkv_inference import MlxAutoregressiveBinding, load_binding
 

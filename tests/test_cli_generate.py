@@ -13,9 +13,9 @@ from mlxkv.cli import main
 MLXKV = str(Path(sys.executable).parent / "mlxkv")
 
 
-def test_embedded_generate_names_paris() -> None:
+def test_embedded_generate_names_paris(tmp_path: Path) -> None:
     done = subprocess.run(
-        [MLXKV, "generate", "What is the capital of France?", "--max-tokens", "24", "--temp", "0"],
+        [MLXKV, "generate", "What is the capital of France?", "--max-tokens", "24", "--temp", "0", "--ssd-cache", str(tmp_path)],
         capture_output=True, text=True, timeout=300, check=True,
     )
     assert "Paris" in done.stdout
