@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import signal
+import sys
 from collections.abc import Generator
 from types import FrameType
 from typing import Any
@@ -72,7 +74,13 @@ def run(args: argparse.Namespace) -> int:
     finally:
         engine.close(SHUTDOWN_TIMEOUT_S)
         log.info("prompt cache flushed; bye")
-    return 0 if server.started else 1
+    # NOTE: everything durable is fsynced by now. Exiting without interpreter teardown avoids an
+    # abort in MLX's destructors for per-thread streams ("terminate called without an active
+    # exception"), seen when a second signal forces the shutdown.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if server.started else 1)
 
 
 class GracefulServer(uvicorn.Server):
