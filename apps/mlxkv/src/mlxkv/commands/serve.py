@@ -46,7 +46,8 @@ def register(sub: Any) -> None:
     parser.add_argument("--generation-checkpoint", type=int, default=32, metavar="N",
                         help="with the SSD cache: checkpoint every generation every N tokens, so an identical request "
                         "after a crash or restart continues where it stopped (default: 32; 0 turns it off)")
-    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                        help="server log verbosity (default: info)")
     add_model_options(parser)
     add_cache_options(parser)
     parser.set_defaults(run=run)
