@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 from mlxkv_inference.binding import MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
+from mlxkv_inference.cache.reuse import all_trimmable
 from mlxkv_inference.engine.generate import CheckpointState, Generation, GenerationParams
 from mlxkv_inference.prompt_cache.tiered import Fetched, TieredPromptCache
 
@@ -39,7 +40,7 @@ class CachedGenerator:
         return Generation(
             self.binding, prompt, params, caches=fetched.caches,
             snapshot_at=points if self.tiers is not None else (),
-            on_snapshot=lambda tokens, caches: self._publish(tokens, caches, ns),
+            on_snapshot=lambda tokens, caches: self._snapshot(tokens, caches, ns),
             checkpoint_every=checkpoint_every,
             on_checkpoint=on_checkpoint,
         )
@@ -47,6 +48,12 @@ class CachedGenerator:
     def settle(self, generation: Generation, ns: str = "") -> None:
         """Publish the state a finished (or stopped) generation left in its caches."""
         self._publish(generation.fed_tokens(), generation.caches, ns)
+
+    def _snapshot(self, tokens: Sequence[int], caches: Sequence[LayerCache], ns: str) -> None:
+        # NOTE: trimmable caches skip it: the settled state, trimmed, serves the same prefixes,
+        # and writing both would double the SSD traffic of every turn.
+        if not all_trimmable(caches):
+            self._publish(tokens, caches, ns)
 
     def _publish(self, tokens: Sequence[int], caches: Sequence[LayerCache], ns: str) -> None:
         if self.tiers is not None:
