@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import mlx.core as mx
+
 from mlxkv_inference.cache.factory import LayerCache
 
 
@@ -63,6 +65,14 @@ def clone_trimmed(caches: Sequence[LayerCache], num_tokens: int) -> list[LayerCa
             copy.trim(excess)
         out.append(copy)
     return out
+
+
+def frozen_copy(caches: Sequence[LayerCache], num_tokens: int) -> list[LayerCache]:
+    """`clone_trimmed`, evaluated here: a snapshot other threads (writers) may read while this
+    thread goes on writing into the originals (MLX streams are per thread)."""
+    copies = clone_trimmed(caches, num_tokens)
+    mx.eval([c.state for c in copies])
+    return copies
 
 
 def covered_tokens(caches: Sequence[LayerCache]) -> int:

@@ -11,9 +11,7 @@ from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBind
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
 from mlxkv_inference.engine.logits import context_window, make_logits_processors
-import mlx.core as mx
-
-from mlxkv_inference.cache.reuse import clone_trimmed, covered_tokens
+from mlxkv_inference.cache.reuse import covered_tokens, frozen_copy
 from mlxkv_inference.engine.loop import TokenStep, generate_steps
 from mlxkv_inference.engine.sampling import SamplingParams, choose_seed, make_sampler
 
@@ -197,8 +195,8 @@ class Generation:
     def _checkpoint(self, pending: int, emitted: int) -> None:
         assert self._on_checkpoint is not None
         generated = tuple(self._yielded)
-        copies = clone_trimmed(self.caches, len(self.prompt) - self._first_step + len(generated))
-        mx.eval([c.state for c in copies])
+        # The caches hold exactly the prompt and `generated` here (the loop calls back between steps).
+        copies = frozen_copy(self.caches, covered_tokens(self.caches))
         self._on_checkpoint(CheckpointState(generated, pending, copies, self.seed))
 
     def _snapshot(self, num_tokens: int) -> None:

@@ -13,10 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-import mlx.core as mx
-
 from mlxkv_inference.cache.factory import LayerCache
-from mlxkv_inference.cache.reuse import clone_trimmed
+from mlxkv_inference.cache.reuse import clone_trimmed, frozen_copy
 from mlxkv_inference.prompt_cache.cold_tier import ColdTier
 from mlxkv_inference.prompt_cache.ram_tier import RamEntry, RamPromptCache
 from mlxkv_inference.prompt_cache.write_behind import WriteBehind, WriteJob
@@ -81,8 +79,7 @@ class TieredPromptCache:
         if not tokens:
             return
         # One frozen copy serves both tiers; the generation goes on writing into its own caches.
-        copies = clone_trimmed(caches, len(tokens))
-        mx.eval([c.state for c in copies])
+        copies = frozen_copy(caches, len(tokens))
         self._ram.put(tokens, copies, ns)
         if self._writer is not None:
             self._writer.submit(tokens, copies, ns)
