@@ -46,7 +46,7 @@ def assert_each_turn_reuses_the_previous_prompt(turns: list[tuple[int, int]]) ->
 def test_embedded_five_turn_chat_reuses_each_previous_prompt(embedded: MlxAutoregressiveBinding, tmp_path: Path) -> None:
     tiers, _ = build_tiers(embedded, ram_bytes=1 << 30, ssd_dir=tmp_path, ssd_bytes=1 << 30)
     assert_each_turn_reuses_the_previous_prompt(chat(embedded, tiers, 5, max_tokens=8))
-    assert tiers.close(30)
+    assert tiers.close(30).durable
 
 
 @pytest.mark.parametrize("kind", ["gemma3_text", "qwen3_next"])
@@ -56,7 +56,7 @@ def test_untrimmable_models_hit_on_every_turn(kind: str, tmp_path: Path) -> None
     turns = chat(binding, tiers, 5, max_tokens=12)
     assert_each_turn_reuses_the_previous_prompt(turns)
     assert turns[-1][0] > 8 * 5
-    assert tiers.close(30)
+    assert tiers.close(30).durable
 
 
 def run_cli(*args: str) -> tuple[str, int]:

@@ -91,7 +91,7 @@ def test_byte_cap_evicts_least_recently_used_and_demotes_to_the_cold_tier() -> N
     tiers = TieredPromptCache(ram_max_bytes=2 * entry, cold=cold)
     for i in range(3):
         tiers.publish([100 + i] + list(range(15)), make_plain_caches(16), "")
-    assert tiers.flush(10)
+    assert tiers.flush(10).durable
     stats = tiers.stats()
     assert stats.ram_bytes <= 2 * entry and stats.ram_entries == 2 and stats.ram_evictions == 1
     assert len(cold.entries) == 3  # every published state was written behind
@@ -106,7 +106,7 @@ def test_cold_tier_wins_only_with_a_strictly_longer_prefix() -> None:
     tiers = TieredPromptCache(ram_max_bytes=1 << 30, cold=cold)
     cold.store(list(range(30)), make_plain_caches(30), "")
     tiers.publish(list(range(20)), make_plain_caches(20), "")
-    assert tiers.flush(10)
+    assert tiers.flush(10).durable
     cold.store(list(range(20)), make_plain_caches(20), "")
     assert tiers.fetch(list(range(20)) + [1], "").tier == "ram"  # equal length: RAM
     fetched = tiers.fetch(list(range(30)) + [1], "")

@@ -3,11 +3,11 @@
 from mlxkv_serve.app import build_app
 from mlxkv_serve.config import ServeConfig
 from mlxkv_serve.engine import (
-    ChatMessage, Delta, Finished, GenerateRequest, GenerationHandle, PromptTooLongError, Sampling, ServeEngine, TokenLogprob,
+    ChatMessage, Delta, Finished, FlushResult, GenerateRequest, GenerationHandle, PromptTooLongError, Sampling, ServeEngine, TokenLogprob,
 )
 from mlxkv_serve.errors import RequestError
 
 __all__ = [
-    "ChatMessage", "Delta", "Finished", "GenerateRequest", "GenerationHandle", "PromptTooLongError", "RequestError",
+    "ChatMessage", "Delta", "Finished", "FlushResult", "GenerateRequest", "GenerationHandle", "PromptTooLongError", "RequestError",
     "Sampling", "ServeConfig", "ServeEngine", "TokenLogprob", "build_app",
 ]

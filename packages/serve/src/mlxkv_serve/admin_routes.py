@@ -28,12 +28,16 @@ async def cache_stats(request: Request) -> Response:
 
 
 async def cache_flush(request: Request) -> Response:
-    """200 once every cached prompt state is durable on the SSD, 503 when that takes too long."""
+    """200 once every cached prompt state is durable on the SSD; 503 when writes are still pending
+    or when any write failed since the previous flush (those states are not on the SSD)."""
     state: ServerState = request.app.state.mlxkv
-    durable = await asyncio.to_thread(state.engine.flush, state.config.flush_timeout_s)
-    if not durable:
+    flushed = await asyncio.to_thread(state.engine.flush, state.config.flush_timeout_s)
+    if flushed.failed:
+        raise RequestError(503, f"{flushed.failed} cache writes failed since the previous flush "
+                                "(see the server log; is the cache disk full?)", code="writes_failed")
+    if not flushed.settled:
         raise RequestError(503, "the prompt cache is not durable yet (writes still pending); retry later")
-    return JSONResponse({"durable": True, **state.engine.cache_stats()})
+    return JSONResponse({"durable": True, "written": flushed.written, "failed": 0, **state.engine.cache_stats()})
 
 
 async def generation(request: Request) -> Response:

@@ -74,6 +74,20 @@ class Finished:
     ttft_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class FlushResult:
+    """A flush: `settled` when no write was pending any more; `written` and `failed` count the
+    writes finished since the previous flush."""
+
+    settled: bool
+    written: int
+    failed: int
+
+    @property
+    def durable(self) -> bool:
+        return self.settled and self.failed == 0
+
+
 class GenerationHandle(Protocol):
     generation_id: str
     prompt_tokens: int
@@ -97,8 +111,8 @@ class ServeEngine(Protocol):
 
     def cache_stats(self) -> Mapping[str, int | float]: ...
 
-    def flush(self, timeout: float) -> bool:
-        """Wait until the prompt cache is durable; False when it is not within `timeout`."""
+    def flush(self, timeout: float) -> FlushResult:
+        """Wait until every pending cache and checkpoint write has finished (or `timeout`)."""
         ...
 
     def generation_state(self, generation_id: str) -> Mapping[str, object] | None: ...

@@ -57,8 +57,11 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         generator.settle(generation)
     finally:
-        if not tiers.close(FLUSH_TIMEOUT_S):
+        closed = tiers.close(FLUSH_TIMEOUT_S)
+        if not closed.settled:
             print("mlxkv generate: warning: the SSD cache write did not finish in time", file=sys.stderr)
+        if closed.failed:
+            print(f"mlxkv generate: warning: {closed.failed} SSD cache writes failed (see the log above)", file=sys.stderr)
     assert generation.result is not None
     print(stats_line(generation.result), file=sys.stderr)
     return 0

@@ -21,7 +21,7 @@ from mlxkv_inference.engine.cached_generation import CachedGenerator
 from mlxkv_inference.engine.generate import CheckpointState, Generation, ResumePoint
 from mlxkv_inference.prompt_cache import TieredPromptCache
 from mlxkv_inference.tokenizer.chat import encode_chat
-from mlxkv_serve import Delta, Finished, GenerateRequest, PromptTooLongError, TokenLogprob
+from mlxkv_serve import Delta, Finished, FlushResult, GenerateRequest, PromptTooLongError, TokenLogprob
 from mlxkv_ssd_cache import KvIdentity, SsdCacheStore
 from mlxkv_state.header import GenerationCheckpoint
 
@@ -133,9 +133,9 @@ class LocalEngine:
             out["checkpoints_written"] = self._checkpoints.written
         return out
 
-    def flush(self, timeout: float) -> bool:
-        checkpoints = self._checkpoints.flush(timeout) if self._checkpoints is not None else True
-        return checkpoints and (self.tiers.flush(timeout) if self.tiers is not None else True)
+    def flush(self, timeout: float) -> FlushResult:
+        reports = [w.flush(timeout) for w in (self._checkpoints, self.tiers) if w is not None]
+        return FlushResult(all(r.settled for r in reports), sum(r.written for r in reports), sum(r.failed for r in reports))
 
     def generation_state(self, generation_id: str) -> Mapping[str, object] | None:
         with self._lock:
@@ -156,9 +156,9 @@ class LocalEngine:
                 self._queue.put(job)  # the worker reports each one cancelled, in order
         self._queue.put(None)
         self._worker.join(timeout)
-        if self._checkpoints is not None and not self._checkpoints.close(timeout):
+        if self._checkpoints is not None and not self._checkpoints.close(timeout).settled:
             log.warning("checkpoint writes did not finish within %.0f s", timeout)
-        if self.tiers is not None and not self.tiers.close(timeout):
+        if self.tiers is not None and not self.tiers.close(timeout).settled:
             log.warning("prompt cache writes did not finish within %.0f s", timeout)
 
     # -- worker -----------------------------------------------------------------------------

@@ -3,23 +3,27 @@
     fetch:   RAM take  vs  cold find (index only)  -> the cold tier wins only with a strictly
              longer usable prefix; what it restores is republished into RAM
     publish: RAM put, then a write-behind to the cold tier (no request waits on the disk)
-    evict:   an entry leaves RAM only once a durable copy exists or its write is queued
+    evict:   an entry leaves RAM only once a durable copy exists or its write is queued; a write
+             of an evicted entry that fails is retried (MAX_WRITE_ATTEMPTS in all), then counted lost
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
+from mlxkv_inference.background_writer import BackgroundWriter, FlushReport
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.reuse import clone_trimmed, frozen_copy
 from mlxkv_inference.prompt_cache.cold_tier import ColdTier
 from mlxkv_inference.prompt_cache.ram_tier import RamEntry, RamPromptCache
-from mlxkv_inference.prompt_cache.write_behind import WriteBehind, WriteJob
 
+log = logging.getLogger(__name__)
 Tier = Literal["ram", "ssd"]
+MAX_WRITE_ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,17 +49,36 @@ class TierStats:
     pending_write_bytes: int
     writes_done: int
     writes_failed: int
+    entries_lost: int  # left RAM, and every write of them failed
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    tokens: tuple[int, ...]
+    caches: list[LayerCache]
+    ns: str
+    attempt: int = 1
+
+    @property
+    def key(self) -> tuple[str, tuple[int, ...]]:
+        return self.ns, self.tokens
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.caches)
 
 
 class TieredPromptCache:
     def __init__(self, ram_max_bytes: int, cold: ColdTier | None = None) -> None:
         self._cold = cold
         self._ram = RamPromptCache(ram_max_bytes, on_evict=self._demote)
-        self._writer = WriteBehind(cold, self._durable) if cold is not None else None
+        self._writer = BackgroundWriter("mlxkv-write-behind") if cold is not None else None
         self._lock = threading.Lock()
         self._hits = {"ram": 0, "ssd": 0}
         self._misses = 0
         self._saved = 0
+        self._evicted: set[tuple[str, tuple[int, ...]]] = set()  # left RAM before a durable copy existed
+        self._lost = 0
 
     @property
     def ram(self) -> RamPromptCache:
@@ -81,18 +104,18 @@ class TieredPromptCache:
         # One frozen copy serves both tiers; the generation goes on writing into its own caches.
         copies = frozen_copy(caches, len(tokens))
         self._ram.put(tokens, copies, ns)
-        if self._writer is not None:
-            self._writer.submit(tokens, copies, ns)
+        self._submit(_Write(tuple(tokens), copies, ns), if_absent=True)
 
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every state published so far is durable (True when there is no cold tier)."""
-        return self._writer.flush(timeout) if self._writer is not None else True
+    def flush(self, timeout: float | None = None) -> FlushReport:
+        """Wait until every state published so far is written; the report counts the writes
+        done and failed since the previous flush (settled, none failed without a cold tier)."""
+        return self._writer.flush(timeout) if self._writer is not None else FlushReport(True, 0, 0)
 
-    def close(self, timeout: float | None = None) -> bool:
-        return self._writer.close(timeout) if self._writer is not None else True
+    def close(self, timeout: float | None = None) -> FlushReport:
+        return self._writer.close(timeout) if self._writer is not None else FlushReport(True, 0, 0)
 
     def stats(self) -> TierStats:
-        writer = self._writer
+        writer = self._writer.stats() if self._writer is not None else None
         with self._lock:
             return TierStats(
                 ram_hits=self._hits["ram"], ssd_hits=self._hits["ssd"], misses=self._misses, tokens_saved=self._saved,
@@ -100,6 +123,7 @@ class TieredPromptCache:
                 ram_evictions=self._ram.evictions,
                 pending_writes=writer.pending if writer else 0, pending_write_bytes=writer.pending_bytes if writer else 0,
                 writes_done=writer.written if writer else 0, writes_failed=writer.failed if writer else 0,
+                entries_lost=self._lost,
             )
 
     def _count(self, fetched: Fetched) -> Fetched:
@@ -113,9 +137,45 @@ class TieredPromptCache:
 
     def _demote(self, entry: RamEntry) -> None:
         # Persist before demotion: a state not yet durable goes to the writer's queue, which
-        # holds it until the cold tier has it.
-        if not entry.durable and self._writer is not None:
-            self._writer.submit(entry.tokens, entry.caches, entry.ns)
+        # holds it until the cold tier has it (a write already queued or running will do).
+        if entry.durable or self._writer is None:
+            return
+        write = _Write(entry.tokens, entry.caches, entry.ns)
+        with self._lock:
+            self._evicted.add(write.key)
+        self._submit(write, if_absent=True)
 
-    def _durable(self, job: WriteJob) -> None:
-        self._ram.mark_durable(job.tokens, job.ns)
+    def _submit(self, write: _Write, *, if_absent: bool) -> None:
+        if self._writer is not None:
+            self._writer.submit(write.key, lambda: self._write(write), nbytes=write.nbytes, if_absent=if_absent)
+
+    def _write(self, write: _Write) -> bool:
+        assert self._cold is not None
+        try:
+            stored = self._cold.store(write.tokens, write.caches, write.ns)
+        except Exception:  # noqa: BLE001 - a store fault is a failed write, retried like any other
+            log.warning("prompt cache write of %d tokens raised", len(write.tokens), exc_info=True)
+            stored = False
+        if stored:
+            self._ram.mark_durable(write.tokens, write.ns)
+            with self._lock:
+                self._evicted.discard(write.key)
+            return True
+        self._after_failure(write)
+        return False
+
+    def _after_failure(self, write: _Write) -> None:
+        # An entry still in RAM is written again when it is evicted; one that left RAM is retried
+        # from the end of the queue (other writes go first), and counted lost after the last try.
+        with self._lock:
+            if write.key not in self._evicted:
+                return
+            retry = write.attempt < MAX_WRITE_ATTEMPTS
+            if not retry:
+                self._evicted.discard(write.key)
+                self._lost += 1
+        if retry:
+            self._submit(replace(write, attempt=write.attempt + 1), if_absent=False)
+        else:
+            log.warning("a prompt state of %d tokens is lost: it left RAM and %d writes of it failed",
+                        len(write.tokens), MAX_WRITE_ATTEMPTS)

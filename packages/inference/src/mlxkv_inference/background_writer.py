@@ -1,0 +1,137 @@
+"""One daemon thread running write jobs in submission order, so no request waits on the disk.
+
+Jobs carry a key. A newer job with the key of a job still queued supersedes it (the old one
+never runs); with `if_absent` a job is dropped instead while its key is queued or running. Every
+counter changes under one lock, and `flush` reports what was written and what failed since the
+previous flush, so a failure is never reported as durable.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+# A job returns True once its write is durable, False (or raises) when it failed, and None when
+# there was nothing to write (a removal, say): then it counts as neither.
+Work = Callable[[], bool | None]
+
+
+@dataclass(frozen=True, slots=True)
+class WriterStats:
+    written: int
+    failed: int
+    superseded: int  # queued jobs replaced by a newer job with the same key before they ran
+    pending: int  # queued or running
+    pending_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class FlushReport:
+    """What a flush saw: `settled` when nothing was queued or running any more; `written` and
+    `failed` count the jobs finished since the previous flush."""
+
+    settled: bool
+    written: int
+    failed: int
+
+    @property
+    def durable(self) -> bool:
+        return self.settled and self.failed == 0
+
+
+@dataclass(slots=True)
+class _Job:
+    key: Hashable
+    work: Work
+    nbytes: int
+    superseded: bool = False
+
+
+class BackgroundWriter:
+    def __init__(self, name: str) -> None:
+        self._cond = threading.Condition()
+        self._queue: deque[_Job] = deque()
+        self._latest: dict[Hashable, _Job] = {}  # the newest job of each key until it finishes
+        self._running: _Job | None = None
+        self._closed = False
+        self._written = self._failed = self._superseded = 0
+        self._pending = self._pending_bytes = 0
+        self._reported = (0, 0)  # (written, failed) at the previous flush
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, key: Hashable, work: Work, *, nbytes: int = 0, if_absent: bool = False) -> bool:
+        """Queue `work` under `key`; False (and nothing queued) when `if_absent` and the key is
+        queued or running. Raises `RuntimeError` after `close`."""
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the background writer is closed; submit before close()")
+            old = self._latest.get(key)
+            if old is not None and if_absent:
+                return False
+            if old is not None and old is not self._running:
+                old.superseded = True
+                self._superseded += 1
+                self._pending -= 1
+                self._pending_bytes -= old.nbytes
+            job = _Job(key, work, nbytes)
+            self._latest[key] = job
+            self._queue.append(job)
+            self._pending += 1
+            self._pending_bytes += nbytes
+            self._cond.notify_all()
+        return True
+
+    def stats(self) -> WriterStats:
+        with self._cond:
+            return WriterStats(self._written, self._failed, self._superseded, self._pending, self._pending_bytes)
+
+    def flush(self, timeout: float | None = None) -> FlushReport:
+        """Wait until every job submitted so far (and any it submitted) has finished."""
+        with self._cond:
+            settled = self._cond.wait_for(lambda: self._pending == 0, timeout)
+            written, failed = self._reported
+            self._reported = (self._written, self._failed)
+            return FlushReport(settled, self._written - written, self._failed - failed)
+
+    def close(self, timeout: float | None = None) -> FlushReport:
+        """Flush, then stop the thread once the queue is empty."""
+        report = self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        return report
+
+    def _run(self) -> None:
+        while (job := self._next()) is not None:
+            try:
+                outcome = job.work()
+            except Exception:  # noqa: BLE001 - the writer thread must outlive any single fault
+                log.warning("background write %.80r failed", job.key, exc_info=True)
+                outcome = False
+            with self._cond:
+                self._running = None
+                if self._latest.get(job.key) is job:
+                    del self._latest[job.key]
+                self._pending -= 1
+                self._pending_bytes -= job.nbytes
+                self._written += outcome is True
+                self._failed += outcome is False
+                self._cond.notify_all()
+
+    def _next(self) -> _Job | None:
+        with self._cond:
+            while True:
+                self._cond.wait_for(lambda: bool(self._queue) or self._closed)
+                if not self._queue:
+                    return None
+                job = self._queue.popleft()
+                if not job.superseded:
+                    self._running = job
+                    return job
