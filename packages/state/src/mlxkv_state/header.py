@@ -56,8 +56,20 @@ class Attachment:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """A generated token's log-probability and the top alternatives its request asked for."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, log-probability), most likely first
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationCheckpoint:
-    """An in-flight generation: resume by feeding `pending_token` after `generated_tokens`."""
+    """An in-flight generation: resume by feeding `pending_token` after `generated_tokens`.
+
+    `logprobs` (when the request asked for them) has one entry per generated token and a last
+    one for the pending token, so a resumed request answers the logprobs the first run sent.
+    """
 
     cache_ns: str
     generated_tokens: tuple[int, ...]
@@ -66,6 +78,7 @@ class GenerationCheckpoint:
     pending_token: int
     seed: int
     seed_was_explicit: bool
+    logprobs: tuple[TokenLogprobs, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +175,8 @@ def _attachment(data: Any) -> Attachment:
 
 def _checkpoint(data: Any) -> GenerationCheckpoint:
     obj = _dict(data, "generation checkpoint")
-    return GenerationCheckpoint(
+    logprobs = obj.get("logprobs")  # absent in checkpoints written before logprobs were kept
+    checkpoint = GenerationCheckpoint(
         cache_ns=_get(obj, "cache_ns", str),
         generated_tokens=_ints(_get(obj, "generated_tokens", list), "generated_tokens"),
         key=_get(obj, "key", str),
@@ -170,7 +184,36 @@ def _checkpoint(data: Any) -> GenerationCheckpoint:
         pending_token=_get(obj, "pending_token", int),
         seed=_get(obj, "seed", int),
         seed_was_explicit=_get(obj, "seed_was_explicit", bool),
+        logprobs=None if logprobs is None else tuple(_token_logprobs(e) for e in _list(logprobs, "logprobs")),
     )
+    if checkpoint.logprobs is not None and len(checkpoint.logprobs) != len(checkpoint.generated_tokens) + 1:
+        raise HeaderFormatError(
+            f"checkpoint has {len(checkpoint.logprobs)} logprobs entries for "
+            f"{len(checkpoint.generated_tokens)} generated tokens and a pending one"
+        )
+    return checkpoint
+
+
+def _token_logprobs(data: Any) -> TokenLogprobs:
+    obj = _dict(data, "token logprobs")
+    top = []
+    for pair in _get(obj, "top", list):
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise HeaderFormatError("header field 'top' must hold [token id, logprob] pairs")
+        top.append((_ints(pair[:1], "top")[0], _number(pair[1], "top")))
+    return TokenLogprobs(logprob=_number(_get(obj, "logprob", (int, float)), "logprob"), top=tuple(top))
+
+
+def _list(data: Any, what: str) -> list[Any]:
+    if not isinstance(data, list):
+        raise HeaderFormatError(f"header field {what!r} must be a list, got {type(data).__name__}")
+    return data
+
+
+def _number(value: Any, what: str) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise HeaderFormatError(f"header field {what!r} must hold numbers, got {type(value).__name__}")
+    return float(value)
 
 
 def _dict(data: Any, what: str) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Generation checkpoints: the request key, and the writer that keeps the newest one per key.
 
-    key = sha256(canonical request: prompt ids, every sampling and stop field, namespace, model
-          identity). A seed the server chose stays out of the key (it is stored in the checkpoint),
+    key = sha256(canonical request: prompt ids, every sampling and stop field, the logprobs asked
+          for, namespace, model identity). A seed the server chose stays out of the key (it is stored in the checkpoint),
           so an identical retry finds the checkpoint and continues the same random stream.
 """
 
@@ -19,7 +19,9 @@ from mlxkv_ssd_cache import KvIdentity, SsdCacheStore
 from mlxkv_state.header import GenerationCheckpoint
 
 
-def request_key(identity: KvIdentity, ns: str, prompt: Sequence[int], params: GenerationParams) -> str:
+def request_key(
+    identity: KvIdentity, ns: str, prompt: Sequence[int], params: GenerationParams, top_logprobs: int | None = None
+) -> str:
     sampling = asdict(params.sampling)
     sampling["logit_bias"] = sorted(params.sampling.logit_bias.items())
     canonical = {
@@ -30,6 +32,8 @@ def request_key(identity: KvIdentity, ns: str, prompt: Sequence[int], params: Ge
         "stop": list(params.stop),
         "max_tokens": params.max_tokens,
     }
+    if top_logprobs is not None:  # a retry must find the logprobs it asks for (absent: keys stay as they were)
+        canonical["top_logprobs"] = top_logprobs
     return hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 

@@ -14,9 +14,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import mlx.core as mx
-
-from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding, SamplingParams, TokenStep
+from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding, SamplingParams
 from mlxkv_inference.engine.cached_generation import CachedGenerator
 from mlxkv_inference.engine.generate import CheckpointState, Generation, ResumePoint
 from mlxkv_inference.prompt_cache import TieredPromptCache
@@ -26,6 +24,7 @@ from mlxkv_ssd_cache import KvIdentity, SsdCacheStore
 from mlxkv_state.header import GenerationCheckpoint
 
 from mlxkv.engine.checkpoints import CheckpointWriter, request_key
+from mlxkv.engine.logprobs import LogprobTrail, render
 
 log = logging.getLogger(__name__)
 KEEP_STATES = 1000
@@ -67,6 +66,7 @@ class _Job:
     top_logprobs: int | None
     key: str
     submitted: float = field(default_factory=time.perf_counter)
+    trail: LogprobTrail | None = None  # the logprobs sent so far, when the request asked for them
 
 
 class LocalEngine:
@@ -115,7 +115,7 @@ class LocalEngine:
         )
         params = GenerationParams(max_tokens=request.max_tokens, sampling=sampling, stop=request.stop)
         handle = _Handle(uuid.uuid4().hex[:24], len(prompt), asyncio.get_running_loop())
-        job = _Job(handle, prompt, history_end, params, request.top_logprobs, request_key(self._identity, "", prompt, params))
+        job = _Job(handle, prompt, history_end, params, request.top_logprobs, request_key(self._identity, "", prompt, params, request.top_logprobs))
         self._remember(handle.generation_id, {"id": handle.generation_id, "status": "queued", "created": time.time(),
                                               "prompt_tokens": len(prompt)})
         self._queue.put(job)
@@ -199,10 +199,10 @@ class LocalEngine:
                 first = time.perf_counter() - job.submitted  # queueing included, as a client sees it
             if handle.cancelled.is_set():
                 generation.cancel()
-            # No logprobs for the held-back tail, for replayed text, or for a resumed pending token.
-            step = delta.step
-            has_logprobs = step is not None and step.logprobs.size > 0 and generation.result is None
-            logprobs = (self._logprob(step, job.top_logprobs),) if has_logprobs and step and job.top_logprobs is not None else ()
+            # The held-back tail gets no logprobs: its token was answered with the delta it came in.
+            logprobs: tuple[TokenLogprob, ...] = ()
+            if job.trail is not None and generation.result is None:
+                logprobs = (render(self.binding.tokenizer, *job.trail.next(delta.step)),)
             if delta.text or logprobs:
                 handle.push(Delta(delta.text, logprobs))
         self._generator.settle(generation)
@@ -221,8 +221,11 @@ class LocalEngine:
         on_checkpoint = (lambda state: self._save_checkpoint(job, state)) if self._checkpoints else None
         restored = self._ssd.load_checkpoint(job.key) if self._checkpoints and self._ssd else None
         checkpoint = restored.generation_checkpoint if restored is not None else None
-        if restored is not None and checkpoint is not None and _fits(checkpoint, restored.tokens, job.prompt):
+        job.trail = LogprobTrail(job.top_logprobs) if job.top_logprobs is not None else None
+        if restored is not None and checkpoint is not None and _fits(checkpoint, restored.tokens, job.prompt, job.trail):
             sampling = replace(job.params.sampling, seed=checkpoint.seed)
+            if job.trail is not None and checkpoint.logprobs is not None:
+                job.trail = LogprobTrail(job.trail.top, (*checkpoint.generated_tokens, checkpoint.pending_token), checkpoint.logprobs)
             self._update(job, resumed_tokens=len(checkpoint.generated_tokens))
             return Generation(
                 self.binding, job.prompt, replace(job.params, sampling=sampling), caches=restored.caches,
@@ -237,22 +240,10 @@ class LocalEngine:
         checkpoint = GenerationCheckpoint(
             cache_ns="", generated_tokens=state.generated, key=job.key, original_prompt_tokens=len(job.prompt),
             pending_token=state.pending, seed=state.seed, seed_was_explicit=job.params.sampling.seed is not None,
+            logprobs=job.trail.for_checkpoint(state) if job.trail is not None else None,
         )
         self._checkpoints.save(job.prompt + list(state.generated), state.caches, checkpoint)
         self._update(job, checkpointed_tokens=len(state.generated))
-
-    def _logprob(self, step: TokenStep, top: int) -> TokenLogprob:
-        tokenizer = self.binding.tokenizer
-        lp = step.logprobs
-        token = step.token
-        chosen = _float(lp[token])
-        alternatives: list[tuple[str, float, tuple[int, ...]]] = []
-        if top > 0:
-            for i in _top_ids(lp, top):
-                text = tokenizer.decode([i])
-                alternatives.append((text, _float(lp[i]), tuple(text.encode())))
-        text = tokenizer.decode([token])
-        return TokenLogprob(text, chosen, tuple(text.encode()), tuple(alternatives))
 
     def _remember(self, generation_id: str, state: dict[str, Any]) -> None:
         with self._lock:
@@ -265,16 +256,6 @@ class LocalEngine:
             self._states.get(job.handle.generation_id, {}).update(changes)
 
 
-def _float(value: mx.array) -> float:
-    out = value.item()
-    assert isinstance(out, float)
-    return out
-
-
-def _top_ids(logprobs: mx.array, k: int) -> list[int]:
-    ids = mx.argsort(-logprobs)[:k].tolist()
-    return [int(i) for i in ids]  # type: ignore[union-attr, arg-type]
-
-
-def _fits(checkpoint: GenerationCheckpoint, tokens: Sequence[int], prompt: list[int]) -> bool:
-    return checkpoint.original_prompt_tokens == len(prompt) and tuple(tokens) == tuple(prompt) + checkpoint.generated_tokens
+def _fits(checkpoint: GenerationCheckpoint, tokens: Sequence[int], prompt: list[int], trail: LogprobTrail | None) -> bool:
+    return (checkpoint.original_prompt_tokens == len(prompt) and tuple(tokens) == tuple(prompt) + checkpoint.generated_tokens
+            and (trail is None or trail.fits(checkpoint.logprobs)))

@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import mlx.core as mx
+
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
@@ -56,12 +58,14 @@ class ResumePoint:
 
 @dataclass(frozen=True, slots=True)
 class CheckpointState:
-    """A consistent snapshot: `caches` hold the prompt and `generated`; `pending` comes next."""
+    """A consistent snapshot: `caches` hold the prompt and `generated`; `pending` comes next,
+    sampled from `pending_logprobs` (over the vocabulary)."""
 
     generated: tuple[int, ...]
     pending: int
     caches: list[LayerCache]
     seed: int
+    pending_logprobs: mx.array
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,12 +196,12 @@ class Generation:
         """The tokens the caches hold now: the prompt and the generated tokens fed so far."""
         return (self.prompt + self._yielded)[: covered_tokens(self.caches)]
 
-    def _checkpoint(self, pending: int, emitted: int) -> None:
+    def _checkpoint(self, pending: int, emitted: int, logprobs: mx.array) -> None:
         assert self._on_checkpoint is not None
         generated = tuple(self._yielded)
         # The caches hold exactly the prompt and `generated` here (the loop calls back between steps).
         copies = frozen_copy(self.caches, covered_tokens(self.caches))
-        self._on_checkpoint(CheckpointState(generated, pending, copies, self.seed))
+        self._on_checkpoint(CheckpointState(generated, pending, copies, self.seed, logprobs))
 
     def _snapshot(self, num_tokens: int) -> None:
         assert self._on_snapshot is not None

@@ -49,7 +49,7 @@ def generate_steps(
     on_snapshot: Callable[[int], None] | None = None,
     resume_pending: int | None = None,
     checkpoint_every: int = 0,
-    on_checkpoint: Callable[[int, int], None] | None = None,
+    on_checkpoint: Callable[[int, int, mx.array], None] | None = None,
 ) -> Iterator[TokenStep]:
     """Yield up to `max_tokens` tokens continuing `prompt` (which must not be empty).
 
@@ -61,9 +61,9 @@ def generate_steps(
 
     Resuming (`resume_pending`): the caches already hold all of `prompt` and the token sampled
     next (but never fed) is given; it is yielded first, at step `first_step`, and nothing is
-    prefilled. Every `checkpoint_every` tokens, `on_checkpoint(pending, emitted)` is called while
-    the caches hold `prompt` plus the `emitted` tokens yielded so far and `pending` has been
-    sampled but not fed: the state a resumed generation starts from.
+    prefilled. Every `checkpoint_every` tokens, `on_checkpoint(pending, emitted, logprobs)` is
+    called while the caches hold `prompt` plus the `emitted` tokens yielded so far and `pending`
+    has been sampled (from `logprobs`) but not fed: the state a resumed generation starts from.
     """
     if not prompt:
         raise ValueError("prompt must hold at least one token")
@@ -104,7 +104,7 @@ def generate_steps(
         y, logprobs = mx.array([resume_pending], dtype=mx.uint32), mx.zeros((0,))
     for n in range(max_tokens):
         if n > 0 and checkpoint_every and on_checkpoint is not None and n % checkpoint_every == 0:
-            on_checkpoint(_token(y), n)
+            on_checkpoint(_token(y), n, logprobs)
         if n + 1 < max_tokens:
             next_y, next_logprobs = step(y, first_step + n + 1)
             _mlx_lm.async_eval(next_y, next_logprobs)
