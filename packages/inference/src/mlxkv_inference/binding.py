@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -69,8 +69,15 @@ class MlxAutoregressiveBinding:
         """Fresh per-layer caches for one sequence (kinds from the model's layers)."""
         return make_caches(self.model)
 
-    def prefill(self, tokens: Sequence[int], caches: list[LayerCache], chunk_size: int = DEFAULT_PREFILL_CHUNK) -> None:
-        """Feed `tokens` into `caches` in chunks, evaluating each chunk (no logits kept)."""
+    def prefill(
+        self,
+        tokens: Sequence[int],
+        caches: list[LayerCache],
+        chunk_size: int = DEFAULT_PREFILL_CHUNK,
+        on_chunk: Callable[[int], None] | None = None,
+    ) -> None:
+        """Feed `tokens` into `caches` in chunks, evaluating each chunk (no logits kept);
+        `on_chunk(fed)` follows each chunk with the number of `tokens` fed so far."""
         if chunk_size < 1:
             raise ValueError(f"prefill chunk size={chunk_size} must be >= 1")
         for start in range(0, len(tokens), chunk_size):
@@ -78,6 +85,8 @@ class MlxAutoregressiveBinding:
             self._forward(chunk, caches)
             mx.eval([c.state for c in caches])
             mx.clear_cache()
+            if on_chunk is not None:
+                on_chunk(min(start + chunk_size, len(tokens)))
 
     def decode(self, tokens: mx.array, caches: list[LayerCache]) -> mx.array:
         """Feed 1-D `tokens` through the ordinary graph; (1, vocab) float32 logits of the last one."""

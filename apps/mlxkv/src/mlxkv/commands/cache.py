@@ -13,6 +13,7 @@ from mlxkv_ssd_cache import read_header
 from mlxkv_ssd_cache.maintenance import clear, gc, kv_files, summarize, verify
 
 from mlxkv.paths import default_cache_dir, parse_size
+from mlxkv.progress import TerminalProgress
 
 
 def register(sub: Any) -> None:
@@ -63,11 +64,15 @@ def run_inspect(args: argparse.Namespace) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     bad = 0
     files = list(kv_files(args.cache_dir))
-    for path in files:
+    progress = TerminalProgress()
+    for i, path in enumerate(files):
+        progress.status(f"verifying {i + 1}/{len(files)}: {path.name}")
         problem = verify(path)
         if problem is not None:
             bad += 1
-            print(f"BAD  {path}: {problem}")
+            progress.clear()
+            print(f"BAD  {path}: {problem}", flush=True)
+    progress.clear()
     print(f"{len(files) - bad} of {len(files)} files verified")
     return 1 if bad else 0
 

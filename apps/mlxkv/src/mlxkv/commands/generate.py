@@ -14,6 +14,7 @@ from mlxkv.commands.options import (
     add_cache_options, add_model_options, add_sampling_options, generation_params_from, kv_scheme_from,
 )
 from mlxkv.engine.cache_services import build_tiers
+from mlxkv.progress import TerminalProgress
 
 FLUSH_TIMEOUT_S = 60.0
 
@@ -37,7 +38,10 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     params = generation_params_from(args)
+    progress = TerminalProgress()
+    progress.status(f"loading {args.model or 'the embedded model'} ...")
     binding = load_binding(args.model, kv_scheme_from(args))
+    progress.clear()
     tokenizer = binding.tokenizer
     history_end = None
     if args.raw:
@@ -49,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         prompt, history_end = chat.tokens, chat.history_end
     tiers, _ = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max)
     generator = CachedGenerator(binding, tiers)
-    generation = generator.start(prompt, params, history_end=history_end)
+    generation = generator.start(prompt, params, history_end=history_end, on_prefill_progress=progress.prefill)
     try:
         for delta in generation:
             sys.stdout.write(delta.text)

@@ -25,6 +25,7 @@ from mlxkv_state.header import GenerationCheckpoint
 
 from mlxkv.engine.checkpoints import CheckpointWriter, request_key
 from mlxkv.engine.logprobs import LogprobTrail, render
+from mlxkv.progress import PrefillLog
 
 log = logging.getLogger(__name__)
 KEEP_STATES = 1000
@@ -233,7 +234,8 @@ class LocalEngine:
                 checkpoint_every=self._checkpoint_every, on_checkpoint=on_checkpoint,
             )
         return self._generator.start(job.prompt, job.params, history_end=job.history_end,
-                                     checkpoint_every=self._checkpoint_every, on_checkpoint=on_checkpoint)
+                                     checkpoint_every=self._checkpoint_every, on_checkpoint=on_checkpoint,
+                                     on_prefill_progress=PrefillLog(f"generation {job.handle.generation_id}"))
 
     def _save_checkpoint(self, job: _Job, state: CheckpointState) -> None:
         assert self._checkpoints is not None

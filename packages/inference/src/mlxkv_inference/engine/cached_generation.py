@@ -9,6 +9,7 @@ from mlxkv_inference.binding import MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.reuse import all_trimmable
 from mlxkv_inference.engine.generate import CheckpointState, Generation, GenerationParams
+from mlxkv_inference.engine.loop import PrefillProgress
 from mlxkv_inference.prompt_cache.tiered import Fetched, TieredPromptCache
 
 
@@ -28,6 +29,7 @@ class CachedGenerator:
         history_end: int | None = None,
         checkpoint_every: int = 0,
         on_checkpoint: Callable[[CheckpointState], None] | None = None,
+        on_prefill_progress: PrefillProgress | None = None,
     ) -> Generation:
         """A generation whose caches start from the longest cached prefix of `prompt`.
 
@@ -43,6 +45,7 @@ class CachedGenerator:
             on_snapshot=lambda tokens, caches: self._snapshot(tokens, caches, ns),
             checkpoint_every=checkpoint_every,
             on_checkpoint=on_checkpoint,
+            on_prefill_progress=on_prefill_progress,
         )
 
     def settle(self, generation: Generation, ns: str = "") -> None:

@@ -14,7 +14,7 @@ from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
 from mlxkv_inference.engine.logits import context_window, make_logits_processors
 from mlxkv_inference.cache.reuse import covered_tokens, frozen_copy
-from mlxkv_inference.engine.loop import TokenStep, generate_steps
+from mlxkv_inference.engine.loop import PrefillProgress, TokenStep, generate_steps
 from mlxkv_inference.engine.sampling import SamplingParams, choose_seed, make_sampler
 
 FinishReason = Literal["stop", "length", "cancelled"]
@@ -101,8 +101,10 @@ class Generation:
         resume: ResumePoint | None = None,
         checkpoint_every: int = 0,
         on_checkpoint: Callable[[CheckpointState], None] | None = None,
+        on_prefill_progress: PrefillProgress | None = None,
     ) -> None:
         self._binding = binding
+        self._on_prefill_progress = on_prefill_progress
         self._params = params
         self.seed = params.sampling.seed if params.sampling.seed is not None else choose_seed()
         self.caches = caches if caches is not None else binding.make_cache()
@@ -153,6 +155,7 @@ class Generation:
             resume_pending=self._resume.pending if self._resume is not None else None,
             checkpoint_every=self._checkpoint_every,
             on_checkpoint=self._checkpoint if self._on_checkpoint is not None else None,
+            on_prefill_progress=self._on_prefill_progress,
         )
         step: TokenStep | None = None
         for step in steps:

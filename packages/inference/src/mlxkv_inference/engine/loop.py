@@ -22,6 +22,9 @@ from mlxkv_inference.engine.sampling import Sampler
 
 log = logging.getLogger(__name__)
 
+# Called with (tokens prefilled, tokens to prefill): first (0, total), then after every chunk.
+PrefillProgress = Callable[[int, int], None]
+
 
 @dataclass(frozen=True, slots=True)
 class TokenStep:
@@ -50,6 +53,7 @@ def generate_steps(
     resume_pending: int | None = None,
     checkpoint_every: int = 0,
     on_checkpoint: Callable[[int, int, mx.array], None] | None = None,
+    on_prefill_progress: PrefillProgress | None = None,
 ) -> Iterator[TokenStep]:
     """Yield up to `max_tokens` tokens continuing `prompt` (which must not be empty).
 
@@ -64,6 +68,9 @@ def generate_steps(
     prefilled. Every `checkpoint_every` tokens, `on_checkpoint(pending, emitted, logprobs)` is
     called while the caches hold `prompt` plus the `emitted` tokens yielded so far and `pending`
     has been sampled (from `logprobs`) but not fed: the state a resumed generation starts from.
+
+    Prefill feeds the uncached prompt but its last token (the first decode step takes that one);
+    `on_prefill_progress(done, total)` counts those tokens, from (0, total) on, once per chunk.
     """
     if not prompt:
         raise ValueError("prompt must hold at least one token")
@@ -74,13 +81,17 @@ def generate_steps(
         raise ValueError(f"caches already hold {cached} tokens; the prompt has only {len(prompt)}")
     if resume_pending is not None and cached != len(prompt):
         raise ValueError(f"resuming needs caches holding the whole prompt ({len(prompt)}), not {cached}")
+    first_uncached, total = cached, len(prompt) - 1 - cached
+    report = on_prefill_progress if resume_pending is None and total > 0 else None
+    if report is not None:
+        report(0, total)
     for point in sorted({p for p in snapshot_at if cached < p <= len(prompt) - 1}):
-        binding.prefill(prompt[cached:point], caches, prefill_chunk)
+        binding.prefill(prompt[cached:point], caches, prefill_chunk, _chunk_reporter(report, cached - first_uncached, total))
         cached = point
         if on_snapshot is not None:
             on_snapshot(point)
     if resume_pending is None:
-        binding.prefill(prompt[cached:-1], caches, prefill_chunk)
+        binding.prefill(prompt[cached:-1], caches, prefill_chunk, _chunk_reporter(report, cached - first_uncached, total))
     window = context_window if processors else 0
     seen = list(prompt) if resume_pending is not None else list(prompt[:-1])
     history = mx.array(seen[-window:] if window else [], dtype=mx.int32)
@@ -137,6 +148,13 @@ class _Decoder:
                 if logits is not None:
                     return logits
         return self._binding.decode(tokens, self._caches)
+
+
+def _chunk_reporter(report: PrefillProgress | None, done_before: int, total: int) -> Callable[[int], None] | None:
+    """A prefill segment's chunk callback, reporting progress over the whole prefill."""
+    if report is None:
+        return None
+    return lambda fed: report(done_before + fed, total)
 
 
 def _token(y: mx.array) -> int:
