@@ -116,7 +116,8 @@ class LocalEngine:
         )
         params = GenerationParams(max_tokens=request.max_tokens, sampling=sampling, stop=request.stop)
         handle = _Handle(uuid.uuid4().hex[:24], len(prompt), asyncio.get_running_loop())
-        job = _Job(handle, prompt, history_end, params, request.top_logprobs, request_key(self._identity, "", prompt, params, request.top_logprobs))
+        key = request_key(self._identity, "", prompt, params, request.top_logprobs)
+        job = _Job(handle, prompt, history_end, params, request.top_logprobs, key)
         self._remember(handle.generation_id, {"id": handle.generation_id, "status": "queued", "created": time.time(),
                                               "prompt_tokens": len(prompt)})
         self._queue.put(job)
