@@ -122,6 +122,8 @@ def test_kill_during_a_checkpoint_write_leaves_a_usable_state(embedded: MlxAutor
         fresh = complete(second, body)  # the cut checkpoint is ignored: a fresh generation
         assert fresh["usage"]["prompt_tokens_details"]["cached_tokens"] < fresh["usage"]["prompt_tokens"]
         assert fresh["choices"][0]["text"] == expected
+        # The finished generation's checkpoint removal is written behind: let it land first.
+        assert httpx.post(second.url + "/admin/cache/flush", timeout=120).status_code == 200
         checkpoint.write_bytes(durable)  # the durable checkpoint beside the partial tmp
         resumed = complete(second, body)
         assert resumed["usage"]["prompt_tokens_details"]["cached_tokens"] > resumed["usage"]["prompt_tokens"]
