@@ -27,3 +27,37 @@ def test_sigterm_finishes_in_flight_work_flushes_the_cache_and_exits(tmp_path: P
         assert list(cache.rglob("*.tmp")) == []
     finally:
         server.stop()
+
+
+def test_sigterm_shutdown_logs_no_error(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "cache", "--log-level", "info")
+    try:
+        assert httpx.get(server.url + "/v1/models", timeout=30).status_code == 200
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(60) == 0
+    finally:
+        server.stop()
+    log = server.log.read_text()
+    assert log.rstrip().endswith("prompt cache flushed; bye")
+    assert " ERROR " not in log and "Traceback" not in log and "CancelledError" not in log, log
+
+
+def test_forced_shutdown_logs_no_lifespan_traceback(tmp_path: Path) -> None:
+    """A second SIGTERM forces the exit while a generation streams: the cache is still flushed, and
+    no lifespan task is left to be cancelled (Starlette logged that as an ERROR traceback)."""
+    server = ServerProcess(tmp_path / "cache", "--log-level", "info")
+    body = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 60, "stream": True}
+    try:
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=120) as response:
+            lines = response.iter_lines()
+            next(lines)  # the generation is running
+            server.process.send_signal(signal.SIGTERM)
+            server.process.send_signal(signal.SIGTERM)
+            assert server.process.wait(60) == 0
+    except httpx.HTTPError:
+        pass  # the forced exit may cut the stream
+    finally:
+        server.stop()
+    log = server.log.read_text()
+    assert log.rstrip().endswith("prompt cache flushed; bye")
+    assert "in lifespan" not in log and "Waiting for application" not in log, log
