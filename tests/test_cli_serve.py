@@ -28,9 +28,10 @@ class RecordingBinding(MlxAutoregressiveBinding):
         super().prefill(tokens, caches, chunk_size)
 
 
-def serve_once(*flags: str) -> tuple[RecordingBinding, GenerationParams, int]:
+def serve_once(*flags: str) -> tuple[RecordingBinding, int, GenerationParams, int]:
     """Build the engine as `mlxkv serve FLAGS` does (over a tiny model), answer one completion;
-    returns the binding, the engine's base parameters and its queue bound."""
+    returns the binding, its compiled decode steps (before the engine's close drops them), the
+    engine's base parameters and its queue bound."""
     args = build_parser().parse_args(["serve", "--no-ssd-cache", *flags])
     binding = make_tiny_binding("llama", binding_class=RecordingBinding)
     assert isinstance(binding, RecordingBinding)
@@ -40,21 +41,22 @@ def serve_once(*flags: str) -> tuple[RecordingBinding, GenerationParams, int]:
         with running(build_app(engine, ServeConfig(vocab_size=TINY_VOCAB))) as url:
             reply = httpx.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 4}, timeout=60)
             assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
+            traces = binding.compiled_traces
     finally:
         engine.close(30)
-    return binding, engine.base_params, engine.max_queue
+    return binding, traces, engine.base_params, engine.max_queue
 
 
 def test_serve_flags_reach_the_engine() -> None:
-    binding, params, max_queue = serve_once("--no-compiled-decode", "--prefill-step-size", "7", "--max-queue", "3")
+    binding, traces, params, max_queue = serve_once("--no-compiled-decode", "--prefill-step-size", "7", "--max-queue", "3")
     assert (params.compiled_decode, params.prefill_chunk, max_queue) == (False, 7, 3)
-    assert set(binding.chunks) == {7} and binding.compiled_traces == 0  # every step ran through the ordinary graph
+    assert set(binding.chunks) == {7} and traces == 0  # every step ran through the ordinary graph
 
 
 def test_serve_defaults_compile_the_decode_step() -> None:
-    binding, params, max_queue = serve_once()
+    binding, traces, params, max_queue = serve_once()
     assert (params.compiled_decode, params.prefill_chunk, max_queue) == (True, 512, 16)
-    assert set(binding.chunks) == {512} and binding.compiled_traces == 1
+    assert set(binding.chunks) == {512} and traces == 1
 
 
 @pytest.mark.parametrize(("flags", "message"), [
