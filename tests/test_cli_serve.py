@@ -2,30 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import httpx
 import pytest
 
 from mlxkv.cli import build_parser, main
 from mlxkv.commands.serve import build_engine
-from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding
-from mlxkv_inference.cache.factory import LayerCache
+from mlxkv_inference import GenerationParams
 from mlxkv_serve import ServeConfig, build_app
+from tests.bindings import RecordingBinding
 from tests.factories import TINY_VOCAB, make_tiny_binding
 from tests.serving import running
 
 PROMPT = "hello there friends!"  # 20 byte tokens with the tiny byte tokenizer; no EOS within 4 tokens
-
-
-class RecordingBinding(MlxAutoregressiveBinding):
-    """Records the chunk size of every prefill it runs."""
-
-    chunks: list[int]
-
-    def prefill(self, tokens: Sequence[int], caches: list[LayerCache], chunk_size: int = 512) -> None:
-        self.chunks.append(chunk_size)
-        super().prefill(tokens, caches, chunk_size)
 
 
 def serve_once(*flags: str) -> tuple[RecordingBinding, int, GenerationParams, int]:

@@ -9,57 +9,23 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import mlx.core as mx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mlxkv.engine.local_engine import LocalEngine
 from mlxkv_inference import MlxAutoregressiveBinding
-from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_serve import ServeConfig, ServeEngine, bounded_http_protocol, build_app
+from tests.bindings import FailingBinding, GatedBinding
 from tests.factories import TINY_VOCAB, make_tiny_binding
 from tests.serving import running
 
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "hello there"}]
 WAIT_S = 60.0  # generous bound for a state the server must reach; never decides a result
-
-
-class FailingBinding(MlxAutoregressiveBinding):
-    """Decodes `decodes_left` steps, then its decode raises: a component failing under a real engine."""
-
-    decodes_left = 3
-
-    def decode(self, tokens: mx.array, caches: list[LayerCache]) -> mx.array:
-        self._tick()
-        return super().decode(tokens, caches)
-
-    def decode_compiled(self, token: mx.array, caches: list[LayerCache]) -> mx.array | None:
-        self._tick()
-        return super().decode_compiled(token, caches)
-
-    def _tick(self) -> None:
-        self.decodes_left -= 1
-        if self.decodes_left < 0:
-            raise RuntimeError("injected decode failure")
-
-
-class GatedBinding(MlxAutoregressiveBinding):
-    """Every prefill waits until the test opens the gate (so requests pile up in the queue)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.entered = threading.Event()
-        self.gate = threading.Event()
-
-    def prefill(self, tokens: Sequence[int], caches: list[LayerCache], chunk_size: int = 512) -> None:
-        self.entered.set()
-        self.gate.wait(WAIT_S)
-        super().prefill(tokens, caches, chunk_size)
 
 
 def serve(engine: LocalEngine, **settings: Any) -> Any:
