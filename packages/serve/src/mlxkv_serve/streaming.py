@@ -46,7 +46,8 @@ async def collect(request: Request, state: ServerState, handle: GenerationHandle
 def failure(state: ServerState, failed: Failed) -> RequestError:
     """A failed generation as the 500 the client gets (the engine logged the traceback)."""
     state.metrics.failures.inc()
-    return RequestError(500, f"generation {failed.generation_id} failed: {failed.message}", code="generation_failed")
+    return RequestError(500, f"generation {failed.generation_id} failed: {failed.message}", code="generation_failed",
+                        headers={"x-mlxkv-generation-id": failed.generation_id})
 
 
 async def _drain(handle: GenerationHandle) -> tuple[list[Delta], Finished | Failed]:
