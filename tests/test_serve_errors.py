@@ -76,6 +76,8 @@ BAD: list[tuple[str, str, str | bytes | dict[str, Any] | list[Any], int, str | N
     ("max_tokens 10**23", CHAT, chat(max_tokens=10**23), 400, None),
     ("max_tokens 1e23", CHAT, chat(max_tokens=1e23), 400, "max_tokens"),
     ("completion max_tokens 10**23", "/v1/completions", {"prompt": "x", "max_tokens": 10**23}, 400, None),
+    ("temperature 10**300", CHAT, chat(temperature=10**300), 400, None),
+    ("top_p 10**19", CHAT, chat(top_p=10**19), 400, "top_p"),
     # fields that change the shape of the answer, which mlxkv cannot honour yet
     ("tools", CHAT, chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), 400, "tools"),
     ("tool_choice required", CHAT, chat(tool_choice="required"), 400, "tool_choice"),
@@ -98,6 +100,7 @@ BAD_MESSAGES: list[tuple[str, dict[str, Any], int]] = [
     ("messages reversed pair in a block", {"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00\ud800"}]}]}, 400),
     ("messages lone surrogate in system", {"max_tokens": 4, "system": "\udfff", "messages": OK_MESSAGES}, 400),
     ("messages max_tokens 10**23", {"max_tokens": 10**23, "messages": OK_MESSAGES}, 400),
+    ("messages temperature 10**300", {"max_tokens": 4, "temperature": 10**300, "messages": OK_MESSAGES}, 400),
     ("messages nested 10000 deep", {"max_tokens": 4, "messages": OK_MESSAGES, "metadata": "NEST"}, 400),
     ("messages tools", {"max_tokens": 4, "messages": OK_MESSAGES, "tools": [{"name": "f", "input_schema": {"type": "object"}}]}, 400),
     ("messages tool_choice any", {"max_tokens": 4, "messages": OK_MESSAGES, "tool_choice": {"type": "any"}}, 400),
