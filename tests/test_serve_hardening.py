@@ -230,3 +230,25 @@ def test_a_bad_request_leaves_the_connection_usable(tiny_engine: LocalEngine) ->
             assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages[0].content"
             good = client.post(CHAT, json={"messages": MESSAGES, "max_tokens": 2})
             assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] == 2
+
+
+def test_a_client_leaving_a_stream_is_counted_as_a_disconnect() -> None:
+    binding = make_tiny_binding("llama", binding_class=GatedBinding)
+    assert isinstance(binding, GatedBinding)
+    engine = LocalEngine(binding, None)
+    try:
+        with serve(engine) as url:
+            body = {"messages": MESSAGES, "max_tokens": 20, "stream": True}
+            with httpx.stream("POST", url + CHAT, json=body, timeout=WAIT_S) as response:
+                generation_id = response.headers["x-mlxkv-generation-id"]
+                assert next(response.iter_lines()).startswith("data: ")  # the role chunk; the generation waits at the gate
+            key = "mlxkv_client_disconnects_total[('endpoint', '/v1/chat/completions')]"
+            wait_for(lambda: metric_values(url).get(key) == 1, "the stream disconnect counted")
+            binding.gate.set()
+            wait_for(lambda: httpx.get(f"{url}/v1/generations/{generation_id}").json()["status"] == "cancelled",
+                     "the generation cancelled")
+            values = metric_values(url)
+    finally:
+        binding.gate.set()
+        engine.close(30)
+    assert requests_with_status(values, "500") == 0 and values["mlxkv_generation_failures_total[]"] == 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+import socket
+import time
 from pathlib import Path
 
 import httpx
@@ -61,3 +63,20 @@ def test_forced_shutdown_logs_no_lifespan_traceback(tmp_path: Path) -> None:
     log = server.log.read_text()
     assert log.rstrip().endswith("prompt cache flushed; bye")
     assert "in lifespan" not in log and "Waiting for application" not in log, log
+
+
+def test_connection_limit_and_request_timeout_reach_the_server(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "cache", "--max-connections", "2", "--request-timeout", "1")
+    try:
+        idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
+        assert httpx.get(server.url + "/health", timeout=30).status_code == 503  # two silent connections fill the limit
+        for sock in idle:
+            sock.settimeout(60)
+            assert sock.recv(1024) == b""  # closed by the server: nothing was sent within the request timeout
+            sock.close()
+        deadline = time.monotonic() + 60
+        while (status := httpx.get(server.url + "/health", timeout=30).status_code) != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status == 200
+    finally:
+        server.stop()

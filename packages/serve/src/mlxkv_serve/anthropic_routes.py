@@ -22,7 +22,7 @@ async def messages(request: Request) -> Response:
     handle = submit(state.engine, parsed.generate)
     headers = {"x-mlxkv-generation-id": handle.generation_id}
     if parsed.stream:
-        return StreamingResponse(guarded(handle, _stream(state, handle)), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(guarded(request, state, handle, _stream(state, handle)), media_type="text/event-stream", headers=headers)
     deltas, done = await collect(request, state, handle)
     body = _message(state, handle, [{"type": "text", "text": "".join(d.text for d in deltas)}], done)
     return JSONResponse(body, headers=headers)

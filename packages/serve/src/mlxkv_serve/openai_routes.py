@@ -39,7 +39,7 @@ async def _complete(request: Request, *, chat: bool) -> Response:
     headers = {"x-mlxkv-generation-id": handle.generation_id}
     ids = _Ids(("chatcmpl-" if chat else "cmpl-") + handle.generation_id, int(time.time()), state.engine.model_id, chat)
     if parsed.stream:
-        frames = guarded(handle, _stream(state, handle, parsed, ids))
+        frames = guarded(request, state, handle, _stream(state, handle, parsed, ids))
         return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
     deltas, done = await collect(request, state, handle)
     text = "".join(d.text for d in deltas)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,6 +14,7 @@ from mlxkv_serve.engine import Delta, Failed, Finished, GenerateRequest, Generat
 from mlxkv_serve.errors import ClientGone, RequestError
 from mlxkv_serve.state import ServerState
 
+log = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.5
 
 
@@ -59,13 +61,18 @@ async def _drain(handle: GenerationHandle) -> tuple[list[Delta], Finished | Fail
     raise RuntimeError("the generation ended without a Finished or Failed event")
 
 
-async def guarded(handle: GenerationHandle, frames: AsyncIterator[str]) -> AsyncIterator[str]:
-    """Stream `frames`; when the client disconnects (the task is cancelled), cancel the generation."""
+async def guarded(request: Request, state: ServerState, handle: GenerationHandle, frames: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Stream `frames`; when the client disconnects (the task is cancelled), cancel the generation and count it."""
+    complete = False
     try:
         async for frame in frames:
             yield frame
+        complete = True
     finally:
         handle.cancel()
+        if not complete:
+            state.metrics.disconnects.labels(request.url.path).inc()
+            log.info("the client left the stream of generation %s; cancelled", handle.generation_id)
 
 
 def sse(data: Any, event: str | None = None) -> str:
