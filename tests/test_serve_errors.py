@@ -219,7 +219,8 @@ def test_loopback_server_refuses_foreign_host_headers(embedded: MlxAutoregressiv
 def test_loopback_hosts_lists_the_bound_address_and_localhost() -> None:
     assert loopback_hosts("127.0.0.1") == frozenset({"127.0.0.1", "localhost"})
     assert loopback_hosts("::1") == frozenset({"[::1]", "localhost"})
-    assert loopback_hosts("localhost") == frozenset({"localhost"})
+    assert loopback_hosts("localhost") == frozenset({"localhost", "127.0.0.1", "[::1]"})
+    assert loopback_hosts("127.0.0.2") == frozenset({"127.0.0.2", "localhost"})
     assert loopback_hosts("0.0.0.0") is None and loopback_hosts("192.168.1.7") is None
 
 

@@ -38,4 +38,6 @@ def loopback_hosts(host: str) -> frozenset[str] | None:
         loopback = bare == "localhost"
     if not loopback:
         return None
+    if bare == "localhost":  # bound to whichever loopback addresses the name resolves to
+        return frozenset({"localhost", "127.0.0.1", "[::1]"})
     return frozenset({"localhost", f"[{bare}]" if ":" in bare else bare})
