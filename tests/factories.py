@@ -106,15 +106,19 @@ def make_tiny_config(kind: str, **overrides: Any) -> dict[str, Any]:
     return {**_BASE, **TINY_CONFIGS[kind], **overrides}
 
 
-def make_tiny_binding(kind: str, *, seed: int = 0, kv_scheme: KvScheme = KvScheme(), **overrides: Any) -> MlxAutoregressiveBinding:
-    """A random-weight model of mlx-lm's `kind` class, fixed by `seed`."""
+def make_tiny_binding(
+    kind: str, *, seed: int = 0, kv_scheme: KvScheme = KvScheme(),
+    binding_class: type[MlxAutoregressiveBinding] = MlxAutoregressiveBinding, **overrides: Any,
+) -> MlxAutoregressiveBinding:
+    """A random-weight model of mlx-lm's `kind` class, fixed by `seed` (bound by `binding_class`, a subclass for tests
+    that need a component that stalls or fails)."""
     config = make_tiny_config(kind, **overrides)
     mx.random.seed(seed)
     model = build_model(config)
     _randomize(model, seed)
     eval_parameters(model)
     model.eval()
-    return MlxAutoregressiveBinding(
+    return binding_class(
         model, ByteTokenizer(), model_id=f"tiny-{kind}", config=config, kv_scheme=kv_scheme, weights_digest=str(seed)
     )
 

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -20,10 +21,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def running(app: Starlette) -> Iterator[str]:
-    """Serve `app` until the block ends; yields its base URL."""
+def running(app: Starlette, **settings: Any) -> Iterator[str]:
+    """Serve `app` until the block ends (`settings`: more `uvicorn.Config` arguments); yields its base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, **{"log_level": "warning", **settings}))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

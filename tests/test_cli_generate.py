@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from mlxkv.cli import main
+from mlxkv.cli import build_parser, main
 
 MLXKV = str(Path(sys.executable).parent / "mlxkv")
 
@@ -24,14 +26,29 @@ def test_embedded_generate_names_paris(tmp_path: Path) -> None:
     assert "finish: stop" in stats
 
 
+def commands(parser: argparse.ArgumentParser, name: str = "mlxkv") -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """Every command and subcommand parser under `parser`, by its full name."""
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_name, sub in action.choices.items():
+                yield from commands(sub, f"{name} {sub_name}")
+
+
 def test_help_lists_every_option_with_a_description(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["generate", "--help"])
-    assert exit_info.value.code == 0
-    out = capsys.readouterr().out
-    for option in ("--model", "--max-tokens", "--temp", "--top-p", "--top-k", "--min-p", "--seed", "--raw", "--stop",
-                   "--kv-bits", "--kv-group-size", "--quantized-kv-start", "--prefill-step-size"):
-        assert option in out
+    found = dict(commands(build_parser()))
+    assert {"mlxkv generate", "mlxkv serve", "mlxkv cache", "mlxkv cache ls"} <= set(found)
+    for name, parser in found.items():
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                continue
+            label = f"{name} {'/'.join(action.option_strings) or action.dest}"
+            assert action.help and action.help != argparse.SUPPRESS and action.help.strip(), f"{label} has no description"
+        with pytest.raises(SystemExit) as exit_info:
+            main([*name.split()[1:], "--help"])
+        assert exit_info.value.code == 0
+        out = capsys.readouterr().out
+        assert all(option in out for action in parser._actions for option in action.option_strings), name
 
 
 def test_bad_values_are_clear_errors_not_tracebacks(capsys: pytest.CaptureFixture[str]) -> None:

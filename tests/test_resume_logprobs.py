@@ -40,8 +40,10 @@ async def collect(engine: LocalEngine, request: GenerateRequest) -> tuple[list[T
         if isinstance(event, Delta):
             logprobs.extend(event.logprobs)
             text += event.text
-        else:
+        elif isinstance(event, Finished):
             return logprobs, text, event
+        else:
+            raise AssertionError(f"the generation failed: {event}")
     raise AssertionError("the generation never finished")
 
 

@@ -123,7 +123,8 @@ def test_anthropic_messages_stream_and_not(claude: anthropic.Anthropic) -> None:
     assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == " Paris"
 
 
-def test_models_health_cache_stats_and_flush(base_url: str) -> None:
+def test_models_health_cache_stats_and_flush(base_url: str, oai: openai.OpenAI) -> None:
+    oai.chat.completions.create(model="m", messages=QUESTION, max_tokens=2)  # type: ignore[arg-type]  # something to cache
     models = httpx.get(base_url + "/v1/models").json()
     assert models["data"][0]["id"] == "SmolLM2-135M-Instruct-Q4_1"
     assert httpx.get(base_url + "/health").json()["status"] == "ok"

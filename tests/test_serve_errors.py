@@ -12,6 +12,7 @@ from starlette.testclient import TestClient
 from mlxkv.engine.local_engine import LocalEngine
 from mlxkv_inference import MlxAutoregressiveBinding
 from mlxkv_serve import ServeConfig, build_app
+from mlxkv_serve.config import loopback_hosts
 
 CHAT = "/v1/chat/completions"
 OK_MESSAGES = [{"role": "user", "content": "hi"}]
@@ -56,6 +57,37 @@ BAD: list[tuple[str, str, str | bytes | dict[str, Any] | list[Any], int, str | N
     ("completion prompt id outside vocab", "/v1/completions", {"prompt": [1, 2, 10**9]}, 400, None),
     ("completion logprobs too many", "/v1/completions", {"prompt": "x", "logprobs": 6}, 400, "logprobs"),
     ("completion echo", "/v1/completions", {"prompt": "x", "echo": True}, 400, "echo"),
+    # hostile but well-formed JSON, refused at the edge
+    ("lone high surrogate in a message", CHAT, chat(messages=[{"role": "user", "content": "a\ud800b"}]), 400, "messages[0].content"),
+    ("lone low surrogate in a system prompt", CHAT, chat(messages=[{"role": "system", "content": "\udfff"}, *OK_MESSAGES]), 400,
+     "messages[0].content"),
+    ("reversed surrogate pair in a text part", CHAT, chat(messages=[{"role": "user", "content": [{"type": "text", "text": "\udc00\ud800"}]}]),
+     400, "messages[0].content[0].text"),
+    ("lone surrogate in a completions prompt", "/v1/completions", {"prompt": "\ud800"}, 400, "prompt"),
+    ("lone surrogate in a key", CHAT, chat(**{"\ud800": 1}), 400, None),
+    ("integer of 5000 digits", CHAT, b'{"messages": [{"role": "user", "content": "x"}], "seed": 1' + b"0" * 5000 + b"}", 400, None),
+    ("integer of 5000 digits deep inside", CHAT, b'{"messages": [{"role": "user", "content": "x"}], "x": [[{"y": 1' + b"0" * 5000 + b"}]]}",
+     400, None),
+    ("body nested 10000 deep", CHAT, b"[" * 10000 + b"]" * 10000, 400, None),
+    ("field nested 10000 deep", CHAT, b'{"messages": ' + b"[" * 10000 + b"]" * 10000 + b"}", 400, None),
+    ("field nested 100 deep", CHAT, b'{"messages": [{"role": "user", "content": "x"}], "x": ' + b"[" * 100 + b"]" * 100 + b"}",
+     400, "x"),
+    ("NaN temperature", CHAT, b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', 400, None),
+    ("max_tokens 10**23", CHAT, chat(max_tokens=10**23), 400, None),
+    ("max_tokens 1e23", CHAT, chat(max_tokens=1e23), 400, "max_tokens"),
+    ("completion max_tokens 10**23", "/v1/completions", {"prompt": "x", "max_tokens": 10**23}, 400, None),
+    ("temperature 10**300", CHAT, chat(temperature=10**300), 400, None),
+    ("top_p 10**19", CHAT, chat(top_p=10**19), 400, "top_p"),
+    # fields that change the shape of the answer, which mlxkv cannot honour yet
+    ("tools", CHAT, chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), 400, "tools"),
+    ("tool_choice required", CHAT, chat(tool_choice="required"), 400, "tool_choice"),
+    ("tool_choice a function", CHAT, chat(tool_choice={"type": "function", "function": {"name": "f"}}), 400, "tool_choice"),
+    ("response_format json_object", CHAT, chat(response_format={"type": "json_object"}), 400, "response_format"),
+    ("response_format json_schema", CHAT, chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}}), 400,
+     "response_format"),
+    ("legacy functions", CHAT, chat(functions=[{"name": "f"}]), 400, "functions"),
+    ("completion response_format", "/v1/completions", {"prompt": "x", "response_format": {"type": "json_object"}}, 400,
+     "response_format"),
 ]
 
 BAD_MESSAGES: list[tuple[str, dict[str, Any], int]] = [
@@ -64,6 +96,14 @@ BAD_MESSAGES: list[tuple[str, dict[str, Any], int]] = [
     ("messages with an image block", {"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400),
     ("messages temperature above one", {"max_tokens": 4, "temperature": 1.5, "messages": OK_MESSAGES}, 400),
     ("messages with a system role inside", {"max_tokens": 4, "messages": [{"role": "system", "content": "x"}]}, 400),
+    ("messages lone surrogate in a message", {"max_tokens": 4, "messages": [{"role": "user", "content": "\ud800"}]}, 400),
+    ("messages reversed pair in a block", {"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00\ud800"}]}]}, 400),
+    ("messages lone surrogate in system", {"max_tokens": 4, "system": "\udfff", "messages": OK_MESSAGES}, 400),
+    ("messages max_tokens 10**23", {"max_tokens": 10**23, "messages": OK_MESSAGES}, 400),
+    ("messages temperature 10**300", {"max_tokens": 4, "temperature": 10**300, "messages": OK_MESSAGES}, 400),
+    ("messages nested 10000 deep", {"max_tokens": 4, "messages": OK_MESSAGES, "metadata": "NEST"}, 400),
+    ("messages tools", {"max_tokens": 4, "messages": OK_MESSAGES, "tools": [{"name": "f", "input_schema": {"type": "object"}}]}, 400),
+    ("messages tool_choice any", {"max_tokens": 4, "messages": OK_MESSAGES, "tool_choice": {"type": "any"}}, 400),
 ]
 
 
@@ -87,6 +127,7 @@ def locked(embedded: MlxAutoregressiveBinding) -> Iterator[TestClient]:
 
 def post(client: TestClient, path: str, body: Any) -> Any:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    content = content.replace(b'"NEST"', b"[" * 10000 + b"]" * 10000)
     return client.post(path, content=content, headers={"content-type": "application/json"})
 
 
@@ -107,6 +148,10 @@ def test_bad_anthropic_request(client: TestClient, name: str, body: dict[str, An
     assert response.status_code == status
     payload = response.json()
     assert payload["type"] == "error" and payload["error"]["type"] == "invalid_request_error" and payload["error"]["message"]
+    for field in ("tool_choice", "tools"):
+        if field in name:
+            assert payload["error"]["message"].startswith(f"'{field}' is not supported")
+            break
 
 
 def test_unknown_route_and_wrong_method(client: TestClient) -> None:
@@ -121,6 +166,75 @@ def test_oversized_body_is_413(client: TestClient) -> None:
     assert response.status_code == 413 and "limit" in response.json()["error"]["message"]
     anthropic_shape = post(client, "/v1/messages", {"max_tokens": 4, "messages": [{"role": "user", "content": "x" * (70 << 10)}]})
     assert anthropic_shape.status_code == 413 and anthropic_shape.json()["error"]["type"] == "request_too_large"
+
+
+NO_OPS: list[tuple[str, str, dict[str, Any]]] = [
+    ("empty tools", CHAT, chat(tools=[])),
+    ("tool_choice none", CHAT, chat(tool_choice="none")),
+    ("tool_choice auto", CHAT, chat(tool_choice="auto")),
+    ("text response_format", CHAT, chat(response_format={"type": "text"})),
+    ("anthropic empty tools", "/v1/messages", {"max_tokens": 1, "messages": OK_MESSAGES, "tools": []}),
+    ("anthropic tool_choice auto", "/v1/messages", {"max_tokens": 1, "messages": OK_MESSAGES, "tool_choice": {"type": "auto"}}),
+]
+
+
+@pytest.mark.parametrize(("name", "path", "body"), NO_OPS, ids=[n[0] for n in NO_OPS])
+def test_no_op_forms_of_unsupported_fields_are_accepted(client: TestClient, name: str, path: str, body: dict[str, Any]) -> None:
+    assert post(client, path, {**body, "max_tokens": 1}).status_code == 200
+
+
+@pytest.mark.parametrize("path", [CHAT, "/v1/completions", "/v1/messages"])
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"])
+def test_generation_needs_a_json_content_type(client: TestClient, path: str, content_type: str | None) -> None:
+    body = json.dumps({"max_tokens": 1, "messages": OK_MESSAGES, "prompt": "x"}).encode()
+    response = client.post(path, content=body, headers={"content-type": content_type} if content_type else {})
+    assert response.status_code == 415
+    payload = response.json()
+    error_type = payload["error"]["type"]
+    assert error_type == "invalid_request_error" and "application/json" in payload["error"]["message"]
+    assert (payload.get("type") == "error") == (path == "/v1/messages")
+
+
+def test_json_content_type_with_parameters_is_accepted(client: TestClient) -> None:
+    body = json.dumps(chat(max_tokens=1)).encode()
+    assert client.post(CHAT, content=body, headers={"content-type": "Application/JSON; charset=utf-8"}).status_code == 200
+
+
+def test_loopback_server_refuses_foreign_host_headers(embedded: MlxAutoregressiveBinding) -> None:
+    engine = LocalEngine(embedded, None)
+    config = ServeConfig(vocab_size=embedded.tokenizer.vocab_size, allowed_hosts=loopback_hosts("127.0.0.1"))
+    try:
+        with TestClient(build_app(engine, config), raise_server_exceptions=False) as local:
+            for host in ("127.0.0.1", "127.0.0.1:8080", "localhost", "LocalHost:8080"):
+                assert local.get("/v1/models", headers={"host": host}).status_code == 200, host
+            for host in ("evil.example", "evil.example:8080", "127.0.0.1.evil.example", "localhost.evil.example:80", "[::1]:8080", ""):
+                refused = local.get("/v1/models", headers={"host": host})
+                assert refused.status_code == 403 and refused.json()["error"]["type"] == "permission_error", host
+            anthropic_shape = local.post("/v1/messages", json={"max_tokens": 1, "messages": OK_MESSAGES}, headers={"host": "evil.example"})
+            assert anthropic_shape.status_code == 403 and anthropic_shape.json()["type"] == "error"
+    finally:
+        engine.close(30)
+
+
+def test_loopback_hosts_lists_the_bound_address_and_localhost() -> None:
+    assert loopback_hosts("127.0.0.1") == frozenset({"127.0.0.1", "localhost"})
+    assert loopback_hosts("::1") == frozenset({"[::1]", "localhost"})
+    assert loopback_hosts("localhost") == frozenset({"localhost", "127.0.0.1", "[::1]"})
+    assert loopback_hosts("127.0.0.2") == frozenset({"127.0.0.2", "localhost"})
+    assert loopback_hosts("0.0.0.0") is None and loopback_hosts("192.168.1.7") is None
+
+
+def test_an_empty_api_key_is_a_configuration_error() -> None:
+    with pytest.raises(ValueError, match="API key is empty"):
+        ServeConfig(vocab_size=10, api_key="")
+
+
+def test_api_key_scheme_is_case_insensitive_and_required(locked: TestClient) -> None:
+    for value in ("bearer s3cret", "BEARER s3cret", "Bearer  s3cret"):
+        assert locked.get("/v1/models", headers={"authorization": value}).status_code == 200, value
+    for value in ("s3cret", "Basic s3cret", "Token s3cret", "Bearer", "bearers3cret"):
+        refused = locked.get("/v1/models", headers={"authorization": value})
+        assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error", value
 
 
 def test_api_key_protects_everything_but_health(locked: TestClient) -> None:

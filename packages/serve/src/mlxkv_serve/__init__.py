@@ -2,12 +2,15 @@
 
 from mlxkv_serve.app import build_app
 from mlxkv_serve.config import ServeConfig
+from mlxkv_serve.connection import bounded_http_protocol
 from mlxkv_serve.engine import (
-    ChatMessage, Delta, Finished, FlushResult, GenerateRequest, GenerationHandle, PromptTooLongError, Sampling, ServeEngine, TokenLogprob,
+    ChatMessage, Delta, Event, Failed, Finished, FlushResult, GenerateRequest, GenerationHandle, PromptTooLongError, QueueFullError, Sampling,
+    ServeEngine, TokenLogprob,
 )
 from mlxkv_serve.errors import RequestError
 
 __all__ = [
-    "ChatMessage", "Delta", "Finished", "FlushResult", "GenerateRequest", "GenerationHandle", "PromptTooLongError", "RequestError",
-    "Sampling", "ServeConfig", "ServeEngine", "TokenLogprob", "build_app",
+    "ChatMessage", "Delta", "Event", "Failed", "Finished", "FlushResult", "GenerateRequest", "GenerationHandle", "PromptTooLongError",
+    "QueueFullError", "RequestError", "Sampling", "ServeConfig", "ServeEngine", "TokenLogprob", "bounded_http_protocol",
+    "build_app",
 ]

@@ -9,9 +9,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from mlxkv_serve.anthropic_schema import parse_messages
-from mlxkv_serve.engine import Delta, Finished, GenerationHandle
+from mlxkv_serve.body import read_json
+from mlxkv_serve.engine import Delta, Failed, Finished, GenerationHandle
+from mlxkv_serve.errors import error_body
 from mlxkv_serve.state import ServerState
-from mlxkv_serve.streaming import collect, guarded, read_json, sse, submit
+from mlxkv_serve.streaming import collect, failure, guarded, sse, submit
 
 
 async def messages(request: Request) -> Response:
@@ -20,9 +22,8 @@ async def messages(request: Request) -> Response:
     handle = submit(state.engine, parsed.generate)
     headers = {"x-mlxkv-generation-id": handle.generation_id}
     if parsed.stream:
-        return StreamingResponse(guarded(handle, _stream(state, handle)), media_type="text/event-stream", headers=headers)
-    deltas, done = await collect(request, handle)
-    state.record(done)
+        return StreamingResponse(guarded(request, state, handle, _stream(state, handle)), media_type="text/event-stream", headers=headers)
+    deltas, done = await collect(request, state, handle)
     body = _message(state, handle, [{"type": "text", "text": "".join(d.text for d in deltas)}], done)
     return JSONResponse(body, headers=headers)
 
@@ -43,7 +44,8 @@ def _message(state: ServerState, handle: GenerationHandle, content: list[dict[st
 def _usage(handle: GenerationHandle, done: Finished | None) -> dict[str, int]:
     cached = done.cached_tokens if done else 0
     return {"input_tokens": handle.prompt_tokens - cached, "cache_read_input_tokens": cached,
-            "cache_creation_input_tokens": 0, "output_tokens": done.completion_tokens if done else 0}
+            "cache_creation_input_tokens": 0, "output_tokens": done.completion_tokens if done else 0,
+            "resumed_tokens": done.resumed_tokens if done else 0}
 
 
 def _stop_reason(done: Finished) -> str:
@@ -62,6 +64,9 @@ async def _stream(state: ServerState, handle: GenerationHandle) -> AsyncIterator
                 yield sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": event.text}},
                           "content_block_delta")
             continue
+        if isinstance(event, Failed):
+            yield sse(error_body("/v1/messages", failure(state, event)), "error")  # Anthropic's in-stream error
+            return
         state.record(event)
         yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
         yield sse({"type": "message_delta", "delta": {"stop_reason": _stop_reason(event), "stop_sequence": event.stop_sequence},

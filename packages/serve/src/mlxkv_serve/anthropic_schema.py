@@ -9,6 +9,7 @@ from mlxkv_serve.config import ServeConfig
 from mlxkv_serve.engine import ChatMessage, GenerateRequest, Sampling
 from mlxkv_serve.errors import RequestError
 from mlxkv_serve.fields import Fields
+from mlxkv_serve.unsupported import ANTHROPIC, refuse_unsupported
 
 MAX_STOP = 16
 
@@ -21,6 +22,7 @@ class MessagesRequest:
 
 def parse_messages(body: Any, config: ServeConfig) -> MessagesRequest:
     f = Fields(body)
+    refuse_unsupported(f.body, ANTHROPIC)
     max_tokens = f.required("max_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= config.max_tokens_limit:
         raise RequestError(400, f"'max_tokens' must be an integer in [1, {config.max_tokens_limit}]", "max_tokens")

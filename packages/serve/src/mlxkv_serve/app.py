@@ -1,4 +1,4 @@
-"""The Starlette application: routes, auth, body limit, metrics, and the one error mapping."""
+"""The Starlette application: routes, host and key checks, metrics, and the one error mapping."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mlxkv_serve import admin_routes, anthropic_routes, openai_routes
 from mlxkv_serve.config import ServeConfig
 from mlxkv_serve.engine import ServeEngine
-from mlxkv_serve.errors import RequestError, error_response
+from mlxkv_serve.errors import ClientGone, RequestError, error_response
 from mlxkv_serve.metrics import ServerMetrics
 from mlxkv_serve.state import ServerState
 
 log = logging.getLogger(__name__)
 OPEN_PATHS = ("/health",)
+CLIENT_CLOSED = 499  # nginx's status for a request the client abandoned (never sent)
 
 ROUTES = [
     Route("/v1/chat/completions", openai_routes.chat_completions, methods=["POST"]),
@@ -37,18 +38,25 @@ KNOWN_PATHS = {r.path for r in ROUTES}
 
 
 def build_app(engine: ServeEngine, config: ServeConfig) -> Starlette:
-    state = ServerState(engine, config, ServerMetrics(engine.cache_stats))
+    state = ServerState(engine, config, ServerMetrics(engine.cache_stats, engine.queue_depth))
     app = Starlette(
         routes=ROUTES,
-        exception_handlers={RequestError: _request_error, HTTPException: _http_error, Exception: _internal_error},
+        exception_handlers={RequestError: _request_error, ClientGone: _client_gone, HTTPException: _http_error,
+                            Exception: _internal_error},
     )
     app.state.mlxkv = state
     app.add_middleware(_Gate, state=state)
     return app
 
 
+def endpoint_label(path: str) -> str:
+    if path in KNOWN_PATHS:
+        return path
+    return "/v1/generations/{id}" if path.startswith("/v1/generations/") else "other"
+
+
 class _Gate:
-    """API-key check (every path but /health) and request counting by endpoint and status."""
+    """Host and API-key checks (every path but /health needs the key) and request counting by endpoint and status."""
 
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
         self.app = app
@@ -58,8 +66,6 @@ class _Gate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
-        endpoint = path if path in KNOWN_PATHS else ("/v1/generations/{id}" if path.startswith("/v1/generations/") else "other")
         status = {"code": 500}
 
         async def counting_send(message: Message) -> None:
@@ -68,24 +74,53 @@ class _Gate:
             await send(message)
 
         try:
-            if self.state.config.api_key and path not in OPEN_PATHS and not _authorized(scope, self.state.config.api_key):
-                response = error_response(Request(scope), RequestError(401, "invalid or missing API key"))
-                await response(scope, receive, counting_send)
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                await error_response(Request(scope), refusal)(scope, receive, counting_send)
             else:
                 await self.app(scope, receive, counting_send)
         finally:
-            self.state.metrics.requests.labels(endpoint, str(status["code"])).inc()
+            self.state.metrics.requests.labels(endpoint_label(scope["path"]), str(status["code"])).inc()
+
+    def _refusal(self, scope: Scope) -> RequestError | None:
+        config = self.state.config
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if config.allowed_hosts is not None and _host_name(headers.get("host", "")) not in config.allowed_hosts:
+            return RequestError(403, f"this server answers only to Host {', '.join(sorted(config.allowed_hosts))} "
+                                "(a loopback server refuses other names: DNS rebinding)")
+        if config.api_key and scope["path"] not in OPEN_PATHS and not _authorized(headers, config.api_key):
+            return RequestError(401, "invalid or missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')")
+        return None
 
 
-def _authorized(scope: Scope, key: str) -> bool:
-    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-    offered = headers.get("x-api-key") or headers.get("authorization", "").removeprefix("Bearer ").strip()
+def _host_name(host: str) -> str:
+    """The Host header without its port: 'localhost:8080' -> 'localhost', '[::1]:80' -> '[::1]'."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[: host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _authorized(headers: dict[str, str], key: str) -> bool:
+    offered = headers.get("x-api-key")
+    if offered is None:
+        scheme, _, credentials = headers.get("authorization", "").strip().partition(" ")
+        offered = credentials.strip() if scheme.lower() == "bearer" else ""
     return hmac.compare_digest(offered.encode(), key.encode())
 
 
 async def _request_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestError)
+    if exc.status >= 500:
+        log.error("%s on %s: %s", exc.status, request.url.path, exc.message)
     return error_response(request, exc)
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    state: ServerState = request.app.state.mlxkv
+    state.metrics.disconnects.labels(endpoint_label(request.url.path)).inc()
+    log.info("%s %s: %s", request.method, request.url.path, exc)
+    return Response(status_code=CLIENT_CLOSED)  # the client is gone: nothing reaches it
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
 
@@ -15,9 +16,28 @@ class ServeConfig:
     api_key: str | None = None
     max_body_bytes: int = 4 << 20
     flush_timeout_s: float = 30.0
+    # None: any Host header. A loopback server lists the names it answers to (DNS rebinding guard).
+    allowed_hosts: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if self.default_max_tokens < 1:
             raise ValueError(f"default max tokens={self.default_max_tokens} must be >= 1")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max body bytes={self.max_body_bytes} must be >= 1024")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("the API key is empty; give a non-empty key, or none to serve without one")
+
+
+def loopback_hosts(host: str) -> frozenset[str] | None:
+    """The Host names a server bound to `host` answers to: its address and localhost when `host` is a
+    loopback address (a web page can reach those from the user's browser); None (any) otherwise."""
+    bare = host.strip("[]")
+    try:
+        loopback = ipaddress.ip_address(bare).is_loopback
+    except ValueError:
+        loopback = bare == "localhost"
+    if not loopback:
+        return None
+    if bare == "localhost":  # bound to whichever loopback addresses the name resolves to
+        return frozenset({"localhost", "127.0.0.1", "[::1]"})
+    return frozenset({"localhost", f"[{bare}]" if ":" in bare else bare})

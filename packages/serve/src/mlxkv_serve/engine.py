@@ -1,7 +1,7 @@
 """The engine Protocol the HTTP layer is written against, and the values it exchanges.
 
 The server never sees model code: it hands a `GenerateRequest` to `ServeEngine.submit` and reads
-`Delta`s and one `Finished` from the returned handle.
+`Delta`s and then one `Finished` (or one `Failed`) from the returned handle.
 """
 
 from __future__ import annotations
@@ -72,6 +72,18 @@ class Finished:
     seed: int
     generation_id: str
     ttft_s: float
+    resumed_tokens: int = 0  # tokens generated before a restart, restored from a checkpoint (not prompt)
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The generation raised (the engine logged the traceback); the text sent so far is incomplete."""
+
+    generation_id: str
+    message: str
+
+
+Event = Delta | Finished | Failed
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +104,7 @@ class GenerationHandle(Protocol):
     generation_id: str
     prompt_tokens: int
 
-    def events(self) -> AsyncIterator[Delta | Finished]: ...
+    def events(self) -> AsyncIterator[Event]: ...
 
     def cancel(self) -> None: ...
 
@@ -101,12 +113,25 @@ class PromptTooLongError(ValueError):
     """The prompt plus the requested tokens do not fit the model's context."""
 
 
+class QueueFullError(Exception):
+    """The engine's request queue is full: the client should retry after `retry_after_s`."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class ServeEngine(Protocol):
     @property
     def model_id(self) -> str: ...
 
     def submit(self, request: GenerateRequest) -> GenerationHandle:
-        """Queue a generation; raises `ValueError` (or `PromptTooLongError`) for a bad request."""
+        """Queue a generation; raises `ValueError` (or `PromptTooLongError`) for a bad request,
+        `QueueFullError` when too many requests wait."""
+        ...
+
+    def queue_depth(self) -> int:
+        """Requests waiting for the engine (not counting the running one)."""
         ...
 
     def cache_stats(self) -> Mapping[str, int | float]: ...

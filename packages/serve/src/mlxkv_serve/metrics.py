@@ -1,21 +1,27 @@
-"""Prometheus metrics: requests, tokens, time to first token, and the prompt cache tiers."""
+"""Prometheus metrics: requests, disconnects, failures, queue depth, tokens, time to first token, the prompt cache tiers."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class ServerMetrics:
-    def __init__(self, cache_stats: Callable[[], Mapping[str, int | float]]) -> None:
+    def __init__(self, cache_stats: Callable[[], Mapping[str, int | float]], queue_depth: Callable[[], int]) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("mlxkv_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=self.registry)
+        self.disconnects = Counter("mlxkv_client_disconnects", "requests the client abandoned before the answer was sent",
+                                   ["endpoint"], registry=self.registry)
+        self.failures = Counter("mlxkv_generation_failures", "generations that raised (reported as errors)", registry=self.registry)
+        self.queue_depth = Gauge("mlxkv_queue_depth", "requests waiting for the engine", registry=self.registry)
+        self.queue_depth.set_function(lambda: float(queue_depth()))
         self.prompt_tokens = Counter("mlxkv_prompt_tokens", "prompt tokens received", registry=self.registry)
         self.cached_tokens = Counter("mlxkv_cached_prompt_tokens", "prompt tokens served from the prompt cache", registry=self.registry)
+        self.resumed_tokens = Counter("mlxkv_resumed_tokens", "generated tokens restored from checkpoints", registry=self.registry)
         self.completion_tokens = Counter("mlxkv_completion_tokens", "tokens generated", registry=self.registry)
         self.ttft = Histogram("mlxkv_time_to_first_token_seconds", "time from request to first token", registry=self.registry,
                               buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))

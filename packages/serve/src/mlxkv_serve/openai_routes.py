@@ -9,10 +9,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from mlxkv_serve.engine import Delta, Finished, GenerationHandle, TokenLogprob
+from mlxkv_serve.body import read_json
+from mlxkv_serve.engine import Delta, Failed, Finished, GenerationHandle, TokenLogprob
+from mlxkv_serve.errors import error_body
 from mlxkv_serve.openai_schema import OpenAiRequest, parse_chat, parse_completion
 from mlxkv_serve.state import ServerState
-from mlxkv_serve.streaming import collect, guarded, read_json, sse, submit
+from mlxkv_serve.streaming import collect, failure, guarded, sse, submit
 
 
 async def chat_completions(request: Request) -> Response:
@@ -37,10 +39,9 @@ async def _complete(request: Request, *, chat: bool) -> Response:
     headers = {"x-mlxkv-generation-id": handle.generation_id}
     ids = _Ids(("chatcmpl-" if chat else "cmpl-") + handle.generation_id, int(time.time()), state.engine.model_id, chat)
     if parsed.stream:
-        frames = guarded(handle, _stream(state, handle, parsed, ids))
+        frames = guarded(request, state, handle, _stream(state, handle, parsed, ids))
         return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
-    deltas, done = await collect(request, handle)
-    state.record(done)
+    deltas, done = await collect(request, state, handle)
     text = "".join(d.text for d in deltas)
     logprobs = [lp for d in deltas for lp in d.logprobs]
     choice: dict[str, Any] = {"index": 0, "finish_reason": done.finish_reason}
@@ -76,6 +77,9 @@ async def _stream(state: ServerState, handle: GenerationHandle, parsed: OpenAiRe
             yield sse({**ids.envelope(True), "choices": [_chunk_choice(ids.chat, event, want_logprobs, offset)]})
             offset += len(event.text)
             continue
+        if isinstance(event, Failed):
+            yield sse(error_body("/v1", failure(state, event)))  # OpenAI's in-stream error: no [DONE] follows
+            return
         state.record(event)
         final: dict[str, Any] = {"index": 0, "finish_reason": event.finish_reason, "logprobs": None}
         if ids.chat:
@@ -100,7 +104,8 @@ def _chunk_choice(chat: bool, delta: Delta, want_logprobs: bool, offset: int) ->
 def _usage(done: Finished) -> dict[str, Any]:
     return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
             "total_tokens": done.prompt_tokens + done.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+            "resumed_tokens": done.resumed_tokens}
 
 
 def _chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from mlxkv_serve.config import ServeConfig
 from mlxkv_serve.engine import ChatMessage, GenerateRequest, Sampling
 from mlxkv_serve.errors import RequestError
 from mlxkv_serve.fields import Fields
+from mlxkv_serve.unsupported import OPENAI, refuse_unsupported
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP = 4
@@ -61,6 +62,7 @@ def parse_completion(body: Any, config: ServeConfig) -> OpenAiRequest:
 
 
 def _request(f: Fields, config: ServeConfig, max_tokens: int | None, top: int | None, **prompt: Any) -> OpenAiRequest:
+    refuse_unsupported(f.body, OPENAI)
     if f.integer("n", 1, 1, 1_000_000) != 1:
         raise RequestError(400, "'n' must be 1: one choice per request", "n")
     options = f.body.get("stream_options")

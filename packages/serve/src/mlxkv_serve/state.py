@@ -20,5 +20,6 @@ class ServerState:
     def record(self, done: Finished) -> None:
         self.metrics.prompt_tokens.inc(done.prompt_tokens)
         self.metrics.cached_tokens.inc(done.cached_tokens)
+        self.metrics.resumed_tokens.inc(done.resumed_tokens)
         self.metrics.completion_tokens.inc(done.completion_tokens)
         self.metrics.ttft.observe(done.ttft_s)

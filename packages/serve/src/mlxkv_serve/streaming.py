@@ -1,33 +1,21 @@
-"""Reading request bodies, collecting or streaming engine events, SSE framing."""
+"""Submitting generations, collecting or streaming their events, SSE framing."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
 
-from mlxkv_serve.engine import Delta, Finished, GenerationHandle, GenerateRequest, PromptTooLongError, ServeEngine
-from mlxkv_serve.errors import RequestError
+from mlxkv_serve.engine import Delta, Failed, Finished, GenerateRequest, GenerationHandle, PromptTooLongError, QueueFullError, ServeEngine
+from mlxkv_serve.errors import ClientGone, RequestError
+from mlxkv_serve.state import ServerState
 
+log = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.5
-
-
-async def read_json(request: Request, limit: int) -> Any:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestError(413, f"request body of {declared} bytes exceeds the {limit}-byte limit")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise RequestError(413, f"request body exceeds the {limit}-byte limit")
-    try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RequestError(400, f"the request body is not valid JSON: {e}") from None
 
 
 def submit(engine: ServeEngine, request: GenerateRequest) -> GenerationHandle:
@@ -37,36 +25,54 @@ def submit(engine: ServeEngine, request: GenerateRequest) -> GenerationHandle:
         raise RequestError(400, str(e), "messages" if request.messages is not None else "prompt", "context_length_exceeded") from None
     except ValueError as e:
         raise RequestError(400, str(e)) from None
+    except QueueFullError as e:
+        raise RequestError(429, str(e), code="rate_limit_exceeded", headers={"Retry-After": str(e.retry_after_s)}) from None
 
 
-async def collect(request: Request, handle: GenerationHandle) -> tuple[list[Delta], Finished]:
-    """All events of a non-streaming generation; a client that goes away cancels it."""
+async def collect(request: Request, state: ServerState, handle: GenerationHandle) -> tuple[list[Delta], Finished]:
+    """All events of a non-streaming generation; a client that goes away cancels it, a failure is a 500."""
     drain = asyncio.ensure_future(_drain(handle))
     while not drain.done():
         await asyncio.wait({drain}, timeout=DISCONNECT_POLL_S)  # never cancels the drain
         if not drain.done() and await request.is_disconnected():
             handle.cancel()
             drain.cancel()
-            raise RequestError(499, "client closed the request")
-    return drain.result()
+            raise ClientGone(f"the client left before generation {handle.generation_id} finished; cancelled")
+    deltas, done = drain.result()
+    if isinstance(done, Failed):
+        raise failure(state, done)
+    state.record(done)
+    return deltas, done
 
 
-async def _drain(handle: GenerationHandle) -> tuple[list[Delta], Finished]:
+def failure(state: ServerState, failed: Failed) -> RequestError:
+    """A failed generation as the 500 the client gets (the engine logged the traceback)."""
+    state.metrics.failures.inc()
+    return RequestError(500, f"generation {failed.generation_id} failed: {failed.message}", code="generation_failed",
+                        headers={"x-mlxkv-generation-id": failed.generation_id})
+
+
+async def _drain(handle: GenerationHandle) -> tuple[list[Delta], Finished | Failed]:
     deltas: list[Delta] = []
     async for event in handle.events():
-        if isinstance(event, Finished):
+        if not isinstance(event, Delta):
             return deltas, event
         deltas.append(event)
-    raise RuntimeError("the generation ended without a Finished event")
+    raise RuntimeError("the generation ended without a Finished or Failed event")
 
 
-async def guarded(handle: GenerationHandle, frames: AsyncIterator[str]) -> AsyncIterator[str]:
-    """Stream `frames`; when the client disconnects (the task is cancelled), cancel the generation."""
+async def guarded(request: Request, state: ServerState, handle: GenerationHandle, frames: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Stream `frames`; when the client disconnects (the task is cancelled), cancel the generation and count it."""
+    complete = False
     try:
         async for frame in frames:
             yield frame
+        complete = True
     finally:
         handle.cancel()
+        if not complete:
+            state.metrics.disconnects.labels(request.url.path).inc()
+            log.info("the client left the stream of generation %s; cancelled", handle.generation_id)
 
 
 def sse(data: Any, event: str | None = None) -> str:

@@ -28,7 +28,7 @@ def register(sub: Any) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     actions.add_parser("ls", help="list entries: model, namespace, tokens, size, last use").set_defaults(run=run_ls)
     inspect = actions.add_parser("inspect", help="print one KV file's header as JSON")
-    inspect.add_argument("file", type=Path, metavar="FILE")
+    inspect.add_argument("file", type=Path, metavar="FILE", help="the .mlxkv KV file to describe")
     inspect.set_defaults(run=run_inspect)
     actions.add_parser("verify", help="read every file completely and check every checksum").set_defaults(run=run_verify)
     collect = actions.add_parser("gc", help="reap orphaned .tmp files, empty the quarantine, enforce a size cap")

@@ -48,6 +48,10 @@ def add_sampling_options(parser: argparse.ArgumentParser, *, default_max_tokens:
     group.add_argument("--frequency-penalty", type=float, default=0.0, help="additive penalty per recent occurrence (default: 0)")
     group.add_argument("--seed", type=int, default=None, help="sampling seed (default: a random one, printed in the stats line)")
     group.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when TEXT is generated (repeatable)")
+    add_prefill_option(group)
+
+
+def add_prefill_option(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--prefill-step-size",
         type=int,
@@ -59,6 +63,11 @@ def add_sampling_options(parser: argparse.ArgumentParser, *, default_max_tokens:
 
 def kv_scheme_from(args: argparse.Namespace) -> KvScheme:
     return KvScheme(bits=args.kv_bits, group_size=args.kv_group_size, quantized_start=args.quantized_kv_start)
+
+
+def base_params_from(args: argparse.Namespace) -> GenerationParams:
+    """What every request of `serve` runs with, beside its own sampling and limits."""
+    return GenerationParams(prefill_chunk=args.prefill_step_size, compiled_decode=args.compiled_decode)
 
 
 def generation_params_from(args: argparse.Namespace) -> GenerationParams:

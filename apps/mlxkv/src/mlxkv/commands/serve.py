@@ -14,16 +14,19 @@ from typing import Any
 
 import uvicorn
 
-from mlxkv_inference import load_binding
-from mlxkv_serve import ServeConfig, build_app
+from mlxkv_inference import MlxAutoregressiveBinding, load_binding
+from mlxkv_serve import ServeConfig, bounded_http_protocol, build_app
+from mlxkv_serve.config import loopback_hosts
 
-from mlxkv.commands.options import add_cache_options, add_model_options, kv_scheme_from
+from mlxkv.commands.options import add_cache_options, add_model_options, add_prefill_option, base_params_from, kv_scheme_from
 from mlxkv.engine.cache_services import build_tiers
-from mlxkv.engine.local_engine import LocalEngine
+from mlxkv.engine.local_engine import DEFAULT_MAX_QUEUE, LocalEngine
 from mlxkv.paths import parse_size
 
 log = logging.getLogger("mlxkv.serve")
 SHUTDOWN_TIMEOUT_S = 30.0
+DEFAULT_REQUEST_TIMEOUT_S = 30.0
+DEFAULT_MAX_CONNECTIONS = 64
 
 
 def register(sub: Any) -> None:
@@ -46,30 +49,41 @@ def register(sub: Any) -> None:
     parser.add_argument("--generation-checkpoint", type=int, default=32, metavar="N",
                         help="with the SSD cache: checkpoint every generation every N tokens, so an identical request "
                         "after a crash or restart continues where it stopped (default: 32; 0 turns it off)")
+    parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
+                        help="most requests waiting behind the running generation; more get 429 with Retry-After "
+                        f"(default: {DEFAULT_MAX_QUEUE})")
+    parser.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S, metavar="SECONDS",
+                        help="close a connection whose request (headers and body) is not fully read within this time "
+                        f"(default: {DEFAULT_REQUEST_TIMEOUT_S:.0f})")
+    parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
+                        help=f"open connections beyond which requests get 503 (default: {DEFAULT_MAX_CONNECTIONS})")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="server log verbosity (default: info)")
     add_model_options(parser)
+    add_prefill_option(parser.add_argument_group("prefill"))
     add_cache_options(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    check_args(args)
     binding = load_binding(args.model, kv_scheme_from(args))
-    if args.generation_checkpoint < 0:
-        raise ValueError(f"--generation-checkpoint={args.generation_checkpoint} must be >= 0 (0 turns it off)")
-    tiers, cold = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max)
-    engine = LocalEngine(binding, tiers, ssd_store=cold.ssd if cold is not None else None,
-                         checkpoint_every=args.generation_checkpoint)
+    engine = build_engine(args, binding)
     config = ServeConfig(
         vocab_size=binding.tokenizer.vocab_size, default_max_tokens=args.max_tokens, default_temperature=args.temp,
         default_top_p=args.top_p, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+        allowed_hosts=loopback_hosts(args.host),
     )
     app = build_app(engine, config)
     where = args.ssd_cache if args.ssd_cache is not None else "off"
     log.info("serving %s on http://%s:%d (SSD cache: %s)", binding.model_id, args.host, args.port, where)
-    server = GracefulServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=int(SHUTDOWN_TIMEOUT_S)))
+    # NOTE: lifespan off: the app has no start-up or shutdown work (`run` closes the engine), and a
+    # lifespan task cancelled by a SIGTERM is logged by Starlette as an ERROR traceback.
+    server = GracefulServer(uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=int(SHUTDOWN_TIMEOUT_S),
+        lifespan="off", http=bounded_http_protocol(args.request_timeout), limit_concurrency=args.max_connections,
+    ))
     try:
         server.run()
     finally:
@@ -82,6 +96,27 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0 if server.started else 1)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse settings that cannot work before the model loads (seconds) rather than after."""
+    if args.generation_checkpoint < 0:
+        raise ValueError(f"--generation-checkpoint={args.generation_checkpoint} must be >= 0 (0 turns it off)")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ValueError("--api-key is empty: give a key, or leave the option out to serve without one")
+    for name in ("max_queue", "max_connections", "prefill_step_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
+    if not args.request_timeout > 0:
+        raise ValueError(f"--request-timeout={args.request_timeout} must be > 0 seconds")
+
+
+def build_engine(args: argparse.Namespace, binding: MlxAutoregressiveBinding) -> LocalEngine:
+    """The engine `serve` runs, with the command line's cache, checkpoint, queue and generation settings."""
+    tiers, cold = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max)
+    return LocalEngine(binding, tiers, ssd_store=cold.ssd if cold is not None else None,
+                       checkpoint_every=args.generation_checkpoint, base_params=base_params_from(args),
+                       max_queue=args.max_queue)
 
 
 class GracefulServer(uvicorn.Server):

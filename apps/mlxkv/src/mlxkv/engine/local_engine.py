@@ -1,5 +1,5 @@
 """`LocalEngine`: the `ServeEngine` over one loaded model. One worker thread owns MLX; requests
-wait in a FIFO queue; each generation streams its events back to the asyncio side."""
+wait in a bounded FIFO queue; each generation streams its events back to the asyncio side."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from mlxkv_inference.engine.cached_generation import CachedGenerator
 from mlxkv_inference.engine.generate import CheckpointState, Generation, ResumePoint
 from mlxkv_inference.prompt_cache import TieredPromptCache
 from mlxkv_inference.tokenizer.chat import encode_chat
-from mlxkv_serve import Delta, Finished, FlushResult, GenerateRequest, PromptTooLongError, TokenLogprob
+from mlxkv_serve import Delta, Event, Failed, Finished, FlushResult, GenerateRequest, PromptTooLongError, QueueFullError, TokenLogprob
 from mlxkv_ssd_cache import KvIdentity, SsdCacheStore
 from mlxkv_state.header import GenerationCheckpoint
 
@@ -29,6 +29,8 @@ from mlxkv.progress import PrefillLog
 
 log = logging.getLogger(__name__)
 KEEP_STATES = 1000
+DEFAULT_MAX_QUEUE = 16
+RETRY_AFTER_S = 1  # a hint only: the queue drains one generation at a time
 
 
 class _Handle:
@@ -38,20 +40,20 @@ class _Handle:
         self.generation_id = generation_id
         self.prompt_tokens = prompt_tokens
         self._loop = loop
-        self._events: asyncio.Queue[Delta | Finished] = asyncio.Queue()
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = threading.Event()
 
-    def push(self, event: Delta | Finished) -> None:
+    def push(self, event: Event) -> None:
         try:
             self._loop.call_soon_threadsafe(self._events.put_nowait, event)
         except RuntimeError:  # the event loop is gone (server shutting down)
             self.cancelled.set()
 
-    async def events(self) -> AsyncIterator[Delta | Finished]:
+    async def events(self) -> AsyncIterator[Event]:
         while True:
             event = await self._events.get()
             yield event
-            if isinstance(event, Finished):
+            if not isinstance(event, Delta):
                 return
 
     def cancel(self) -> None:
@@ -79,11 +81,18 @@ class LocalEngine:
         context_length: int | None = None,
         ssd_store: SsdCacheStore | None = None,
         checkpoint_every: int = 0,
+        base_params: GenerationParams = GenerationParams(),
+        max_queue: int = DEFAULT_MAX_QUEUE,
     ) -> None:
         """`ssd_store` is the tiers' SSD store (for its stats and for checkpoints); with
         `checkpoint_every` > 0 a generation's state is written behind every so many tokens, and an
-        identical request after a crash continues from it."""
+        identical request after a crash continues from it. `base_params` gives what a request does
+        not (prefill chunk, compiled decode); at most `max_queue` requests wait behind the running one."""
+        if max_queue < 1:
+            raise ValueError(f"max queue={max_queue} must be >= 1")
         self.binding = binding
+        self.base_params = base_params
+        self.max_queue = max_queue
         self.tiers = tiers
         self._identity = KvIdentity(binding.model_id, binding.tokenizer_hash, binding.config_fingerprint)
         self._checkpoints = CheckpointWriter(ssd_store) if ssd_store is not None and checkpoint_every > 0 else None
@@ -103,6 +112,9 @@ class LocalEngine:
 
     # -- ServeEngine ------------------------------------------------------------------------
     def submit(self, request: GenerateRequest) -> _Handle:
+        if self._queue.qsize() >= self.max_queue:
+            raise QueueFullError(f"{self._queue.qsize()} requests are already waiting (the limit is {self.max_queue}); "
+                                 "retry later", RETRY_AFTER_S)
         prompt, history_end = self._encode(request)
         if len(prompt) + request.max_tokens > self.context_length:
             raise PromptTooLongError(
@@ -114,7 +126,7 @@ class LocalEngine:
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p, repetition_penalty=s.repetition_penalty,
             presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty, logit_bias=dict(s.logit_bias), seed=s.seed,
         )
-        params = GenerationParams(max_tokens=request.max_tokens, sampling=sampling, stop=request.stop)
+        params = replace(self.base_params, max_tokens=request.max_tokens, sampling=sampling, stop=request.stop)
         handle = _Handle(uuid.uuid4().hex[:24], len(prompt), asyncio.get_running_loop())
         key = request_key(self._identity, "", prompt, params, request.top_logprobs)
         job = _Job(handle, prompt, history_end, params, request.top_logprobs, key)
@@ -122,6 +134,9 @@ class LocalEngine:
                                               "prompt_tokens": len(prompt)})
         self._queue.put(job)
         return handle
+
+    def queue_depth(self) -> int:
+        return self._queue.qsize()
 
     def cache_stats(self) -> Mapping[str, int | float]:
         out: dict[str, int | float] = {}
@@ -184,7 +199,7 @@ class LocalEngine:
             except Exception as e:  # noqa: BLE001 - one failed generation must not stop the worker
                 log.exception("generation %s failed", job.handle.generation_id)
                 self._update(job, status="failed", error=str(e))
-                job.handle.push(Finished("cancelled", None, len(job.prompt), 0, 0, 0, job.handle.generation_id, 0.0))
+                job.handle.push(Failed(job.handle.generation_id, f"{type(e).__name__}: {e}"))
         self.binding.release_thread_resources()
 
     def _serve(self, job: _Job) -> None:
@@ -212,11 +227,15 @@ class LocalEngine:
         assert result is not None
         if self._checkpoints is not None and result.finish_reason != "cancelled":
             self._checkpoints.remove(job.key)  # finished: nothing left to resume
+        # The caches of a resumed generation also hold the tokens generated before the restart:
+        # usage counts those apart, so cached tokens never exceed the prompt.
+        cached = min(result.cached_tokens, result.prompt_tokens)
+        resumed = result.cached_tokens - cached
         self._update(job, status=result.finish_reason if result.finish_reason == "cancelled" else "finished",
                      finish_reason=result.finish_reason, completion_tokens=result.generated_tokens,
-                     cached_tokens=result.cached_tokens, seed=result.seed)
+                     cached_tokens=cached, seed=result.seed)
         handle.push(Finished(result.finish_reason, generation.stop_string, result.prompt_tokens, result.generated_tokens,
-                             result.cached_tokens, result.seed, handle.generation_id, first or 0.0))
+                             cached, result.seed, handle.generation_id, first or 0.0, resumed))
 
     def _start(self, job: _Job) -> Generation:
         """A generation continuing this request's checkpoint if one is durable, else a new one."""
