@@ -67,14 +67,21 @@ def test_take_is_non_consuming_and_copies_are_independent() -> None:
     assert first is not None and second is not None
     assert (first.num_tokens, second.num_tokens) == (20, 12)
     assert [c.offset for c in second.caches] == [12, 12]
-    written = first.caches[0]
+    # Write token 12 into the second copy: that position holds token 12 of the entry and of the
+    # first copy, so a shared buffer written in place would show up in both.
+    written = second.caches[0]
     assert isinstance(written, PlainKVCache)
-    written.update_and_fetch(mx.ones((1, 2, 1, 32)), mx.ones((1, 2, 1, 32)))  # write into a copy
+    written.update_and_fetch(mx.ones((1, 2, 1, 32)), mx.ones((1, 2, 1, 32)))
     third = ram.take(list(range(20)) + [7], "")
-    assert third is not None and third.caches[0].offset == 20
-    kept, original = third.caches[0], make_plain_caches(20)[0]
-    assert isinstance(kept, PlainKVCache) and kept.keys is not None and original.keys is not None
-    assert mx.array_equal(kept.keys[..., :20, :], original.keys[..., :20, :]).item()
+    assert third is not None and third.num_tokens == 20 and len(ram) == 1
+    original = make_plain_caches(20)[0]
+    assert original.keys is not None and original.values is not None
+    for copy in (first.caches[0], third.caches[0]):
+        assert isinstance(copy, PlainKVCache) and copy.keys is not None and copy.values is not None
+        assert copy.offset == 20
+        assert mx.array_equal(copy.keys[..., :20, :], original.keys[..., :20, :]).item()
+        assert mx.array_equal(copy.values[..., :20, :], original.values[..., :20, :]).item()
+    assert written.keys is not None and mx.array_equal(written.keys[..., 12, :], mx.ones((1, 2, 32))).item()
 
 
 def test_namespaces_never_share_entries_in_ram() -> None:

@@ -32,9 +32,9 @@ log = logging.getLogger(__name__)
 
 SUFFIX = ".mlxkv"
 DIR_MODE = 0o700
-TMP_GRACE_S = 60.0
+TMP_GRACE_S = 60.0  # a younger .tmp may belong to a writer in another process
 CHECKPOINT_DIR = "checkpoints"  # one file per request key, not part of the prompt index or its cap
-OBJECT_ATTACHMENT = "object"  # an object file: no tokens, one attachment whose schema is its key  # a younger .tmp may belong to a writer in another process
+OBJECT_ATTACHMENT = "object"  # an object file: no tokens, one attachment whose schema is its key
 
 
 @dataclass(frozen=True, slots=True)
