@@ -19,6 +19,11 @@ def default_cache_dir() -> Path:
     return Path(base).expanduser() / "mlxkv"
 
 
+def weights_digest_memo() -> Path:
+    """Where the weights digests of loaded models are remembered (see `load_binding`)."""
+    return default_cache_dir() / "weights-digests.json"
+
+
 def parse_size(text: str) -> int:
     """'512M', '20G', '1.5G' or a byte count -> bytes, at least one (argparse type)."""
     value = parse_size_or_zero(text)

@@ -14,6 +14,7 @@ from mlxkv.commands.options import (
     add_cache_options, add_model_options, add_sampling_options, generation_params_from, kv_scheme_from,
 )
 from mlxkv.engine.cache_services import build_tiers
+from mlxkv.paths import weights_digest_memo
 
 FLUSH_TIMEOUT_S = 60.0
 
@@ -37,7 +38,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     params = generation_params_from(args)
-    binding = load_binding(args.model, kv_scheme_from(args))
+    binding = load_binding(args.model, kv_scheme_from(args), digest_memo=weights_digest_memo())
     tokenizer = binding.tokenizer
     history_end = None
     if args.raw:

@@ -20,7 +20,7 @@ from mlxkv_serve import ServeConfig, build_app
 from mlxkv.commands.options import add_cache_options, add_model_options, kv_scheme_from
 from mlxkv.engine.cache_services import build_tiers
 from mlxkv.engine.local_engine import LocalEngine
-from mlxkv.paths import parse_size
+from mlxkv.paths import parse_size, weights_digest_memo
 
 log = logging.getLogger("mlxkv.serve")
 SHUTDOWN_TIMEOUT_S = 30.0
@@ -55,7 +55,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    binding = load_binding(args.model, kv_scheme_from(args))
+    binding = load_binding(args.model, kv_scheme_from(args), digest_memo=weights_digest_memo())
     if args.generation_checkpoint < 0:
         raise ValueError(f"--generation-checkpoint={args.generation_checkpoint} must be >= 0 (0 turns it off)")
     tiers, cold = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max)
