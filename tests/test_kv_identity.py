@@ -7,12 +7,15 @@ import os
 import shutil
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
 
 from mlxkv_inference import MlxAutoregressiveBinding, load_binding
 from mlxkv_inference.models.embedded import embedded_model_path
+from mlxkv_inference.cache.kv import PlainKVCache
 from mlxkv_inference.models.weights_digest import weights_digest
-from tests.factories import make_identity
+from mlxkv_ssd_cache import SsdCacheStore
+from tests.factories import make_identity, make_plain_caches
 
 
 def flip_middle_byte(path: Path) -> None:
@@ -65,3 +68,25 @@ def test_corrupt_weights_digest_memo_is_ignored_and_rewritten(tmp_path: Path) ->
     entries = json.loads(memo.read_text())["files"]
     assert list(entries) == [str(weights.resolve())]
     assert entries[str(weights.resolve())]["size"] == 7000
+
+
+def test_byte_identical_gguf_copy_under_another_name_keeps_its_own_entries(
+    embedded: MlxAutoregressiveBinding, embedded_copy_dir: Path, tmp_path: Path
+) -> None:
+    twin_path = embedded_copy_dir / "twin" / "SmolLM2-twin.gguf"
+    twin_path.parent.mkdir()
+    shutil.copyfile(embedded_model_path(), twin_path)
+    twin = load_binding(twin_path)
+    assert twin.model_id != embedded.model_id and twin.config_fingerprint == embedded.config_fingerprint
+    prompt = embedded.tokenizer.encode("The capital of France is")
+    for seed, binding in enumerate((embedded, twin)):
+        assert SsdCacheStore(tmp_path, make_identity(binding), 1 << 30).store(prompt, make_plain_caches(len(prompt), seed=seed))
+    assert len(list(tmp_path.rglob("*.mlxkv"))) == 2
+    for seed, binding in enumerate((embedded, twin)):
+        store = SsdCacheStore(tmp_path, make_identity(binding), 1 << 30)  # a restart of each model
+        hit = store.find(prompt + [1])
+        restored = store.restore(hit) if hit is not None else None
+        assert restored is not None and restored.tokens == tuple(prompt)
+        (mine, *_), (want, *_) = restored.caches, make_plain_caches(len(prompt), seed=seed)
+        assert isinstance(mine, PlainKVCache) and mine.keys is not None and want.keys is not None
+        assert mx.array_equal(mine.keys[..., : len(prompt), :], want.keys[..., : len(prompt), :]).item()

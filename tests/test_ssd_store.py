@@ -110,7 +110,7 @@ def test_entry_larger_than_the_cap_is_refused(tmp_path: Path) -> None:
 
 
 def test_foreign_directories_are_never_touched(tmp_path: Path) -> None:
-    foreign = tmp_path / "some-other-fingerprint" / "base"
+    foreign = tmp_path / "some-other-identity" / "base"
     foreign.mkdir(parents=True)
     (foreign / "x.mlxkv").write_bytes(b"not ours")
     store = new_store(tmp_path)
