@@ -26,6 +26,7 @@ from mlxkv_ssd_cache.kv_file import KvIdentity
 SUFFIX = ".mlxkv"
 DIR_MODE = 0o700
 CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_KEY_PREFIX = "ckpt-"  # a checkpoint's key in the store's index (never a file name)
 QUARANTINE_DIR = "quarantine"
 OBJECT_ATTACHMENT = "object"  # an object file: no tokens, one attachment whose schema is its key
 

@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import mlx.core as mx
 
@@ -31,21 +30,21 @@ from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.prefix_index import Indexed, PrefixIndex
 from mlxkv_state.errors import StateError
 from mlxkv_state.header import GenerationCheckpoint, KvFileHeader
-from mlxkv_ssd_cache.kv_file import Attachments, KvIdentity, build_header, read_file, read_header, write_file_atomically
+from mlxkv_ssd_cache.kv_file import (
+    Attachments, KvIdentity, build_header, expected_file_bytes, identity_problem, read_file, write_file_atomically,
+)
 from mlxkv_ssd_cache.layout import (
-    CHECKPOINT_DIR, OBJECT_ATTACHMENT, QUARANTINE_DIR, SUFFIX, entry_id, expected_id, free_bytes, identity_key,
+    CHECKPOINT_DIR, CHECKPOINT_KEY_PREFIX, OBJECT_ATTACHMENT, QUARANTINE_DIR, SUFFIX, entry_id, free_bytes, identity_key,
     make_private_dir, ns_key, object_id,
 )
+from mlxkv_ssd_cache.scan import StoredFile, scan_identity_dir
 from mlxkv_ssd_cache.slot_codec import SlotPolicy
 
 log = logging.getLogger(__name__)
 
-TMP_GRACE_S = 60.0  # a younger .tmp may belong to a writer in another process
 DEFAULT_CHECKPOINT_TTL_S = 24 * 3600.0
 DEFAULT_RESERVE_BYTES = 64 << 20  # left free on the filesystem for everything else
-_CHECKPOINT_PREFIX = "ckpt-"
 
-Kind = Literal["prompt", "object", "checkpoint"]
 FreeSpaceProbe = Callable[[Path], int]
 
 
@@ -78,15 +77,8 @@ class StoreStats:
     expired_checkpoints: int
 
 
-@dataclass(slots=True)
-class _File:
-    path: Path
-    kind: Kind
-    written_at: float  # for checkpoints: the time of the last write (their expiry clock)
-
-
-_Index = PrefixIndex[str, _File]
-_Item = Indexed[str, _File]
+_Index = PrefixIndex[str, StoredFile]
+_Item = Indexed[str, StoredFile]
 
 
 class SsdCacheStore:
@@ -188,7 +180,7 @@ class SsdCacheStore:
             return False
         header, size = written
         self._admit(Indexed(key, ns, tuple(tokens), size, header.minimum_reusable_offset, header.trimmable,
-                            _File(path, "prompt", self._clock())))
+                            StoredFile(path, "prompt", self._clock())))
         return True
 
     def store_object(self, key: str, tensors: dict[str, mx.array], ns: str = "") -> bool:
@@ -201,7 +193,7 @@ class SsdCacheStore:
         written = self._write(item_key, path, build_header(self.identity, (), ns, None), [], attachments, f"object {key!r}")
         if written is None:
             return False
-        self._admit(Indexed(item_key, ns, (), written[1], 0, False, _File(path, "object", self._clock())))
+        self._admit(Indexed(item_key, ns, (), written[1], 0, False, StoredFile(path, "object", self._clock())))
         return True
 
     def restore_object(self, key: str, ns: str = "") -> dict[str, mx.array] | None:
@@ -225,19 +217,19 @@ class SsdCacheStore:
         """Write the newest checkpoint of `checkpoint.key`, atomically replacing the previous one
         (which stays in place until the new one is durable). False on any failure."""
         path = self._checkpoint_path(checkpoint.key)
-        key = _CHECKPOINT_PREFIX + checkpoint.key
+        key = CHECKPOINT_KEY_PREFIX + checkpoint.key
         header = build_header(self.identity, tokens, checkpoint.cache_ns, checkpoint)
         written = self._write(key, path, header, caches, None, f"checkpoint {checkpoint.key[:12]}")
         if written is None:
             return False
-        self._admit(Indexed(key, checkpoint.cache_ns, (), written[1], 0, False, _File(path, "checkpoint", self._clock())))
+        self._admit(Indexed(key, checkpoint.cache_ns, (), written[1], 0, False, StoredFile(path, "checkpoint", self._clock())))
         return True
 
     def load_checkpoint(self, key: str) -> RestoredState | None:
         """The newest durable checkpoint of `key`, or None (a bad or expired file is removed)."""
         path = self._checkpoint_path(key)
         with self._lock:
-            item = self._index.get(_CHECKPOINT_PREFIX + key)
+            item = self._index.get(CHECKPOINT_KEY_PREFIX + key)
         if item is None:
             return None
         if self._clock() - item.value.written_at > self.checkpoint_ttl_s:
@@ -260,7 +252,7 @@ class SsdCacheStore:
     def remove_checkpoint(self, key: str) -> None:
         path = self._checkpoint_path(key)
         with self._lock:
-            self._index.remove(_CHECKPOINT_PREFIX + key)
+            self._index.remove(CHECKPOINT_KEY_PREFIX + key)
         path.unlink(missing_ok=True)
 
     def remove(self, hit: CacheHit) -> None:
@@ -291,7 +283,7 @@ class SsdCacheStore:
         attachments: Attachments | None, what: str,
     ) -> tuple[KvFileHeader, int] | None:
         """Write one file atomically, making room first; (header, size) or None (logged)."""
-        needed = _expected_bytes(caches)
+        needed = expected_file_bytes(caches)
         if needed > self.max_bytes:
             log.warning("%s of about %d bytes exceeds the %d-byte cap; not stored", what, needed, self.max_bytes)
             return None
@@ -405,7 +397,7 @@ class SsdCacheStore:
     def _refused(self, item: _Item, header: KvFileHeader, ns: str, tokens: Sequence[int]) -> bool:
         """Whether a file read back fails the identity guard; such a file leaves the index and
         is quarantined, so it is never read again."""
-        problem = self._identity_problem(header, ns, tokens)
+        problem = identity_problem(self.identity, header, ns, tokens)
         if problem is None:
             return False
         log.warning("KV file %s not restored: %s; quarantined", item.value.path.name, problem)
@@ -437,20 +429,6 @@ class SsdCacheStore:
         with self._lock:
             self._quarantined += 1
 
-    def _identity_problem(self, header: KvFileHeader, ns: str, tokens: Sequence[int]) -> str | None:
-        wanted = self.identity
-        for field, have, want in (
-            ("model id", header.model_id, wanted.model_id),
-            ("tokenizer hash", header.tokenizer_hash, wanted.tokenizer_hash),
-            ("config fingerprint", header.config_fingerprint, wanted.config_fingerprint),
-            ("namespace", header.ns, ns),
-        ):
-            if have != want:
-                return f"{field} {have!r} is not {want!r}"
-        if header.tokens != tuple(tokens):
-            return "tokens differ from the index"
-        return None
-
     def _checkpoint_path(self, key: str) -> Path:
         if not key or not all(c in "0123456789abcdef" for c in key):
             raise ValueError(f"checkpoint key {key!r} must be a hex digest")
@@ -458,61 +436,19 @@ class SsdCacheStore:
 
     # -- start-up --------------------------------------------------------------------------------
     def _scan(self) -> None:
-        """Index this identity's files from their headers, oldest first; reap orphans and expired
-        checkpoints, quarantine bad files, then enforce the cap."""
+        """Index this identity's files oldest first; drop expired checkpoints; enforce the cap."""
         now = self._clock()
-        found: list[tuple[int, str, _Item]] = []
-        for directory in [d for d in self.root.iterdir() if d.is_dir() and d.name != QUARANTINE_DIR]:
-            for path in directory.iterdir():
-                if path.name.endswith(".tmp"):
-                    if now - path.stat().st_mtime > TMP_GRACE_S:
-                        path.unlink(missing_ok=True)
-                elif path.suffix == SUFFIX:
-                    item = self._index_file(path, directory.name == CHECKPOINT_DIR)
-                    if item is not None:
-                        found.append((path.stat().st_mtime_ns, path.name, item))
+        scanned = scan_identity_dir(self.root, self.identity)
+        for path in scanned.bad:
+            self._quarantine(path)
         expired = []
-        for _, _, item in sorted(found, key=lambda f: f[:2]):
+        for item in scanned.items:
             if item.value.kind == "checkpoint" and now - item.value.written_at > self.checkpoint_ttl_s:
                 expired.append(item)
             else:
                 self._unlink(self._index.add(item))
         self._expired += len(expired)
         self._unlink(expired)
-        free = self._probe_free()
-        evicted = self._index.evict_to(self._cap(free))
+        evicted = self._index.evict_to(self._cap(self._probe_free()))
         self._evictions += len(evicted)
         self._unlink(evicted)
-
-    def _index_file(self, path: Path, checkpoint: bool) -> _Item | None:
-        try:
-            header, complete = read_header(path)
-        except (StateError, OSError, ValueError) as e:
-            log.warning("KV file %s has a bad header (%s); quarantined", path.name, e)
-            self._quarantine(path)
-            return None
-        if not complete:
-            log.warning("KV file %s is truncated; quarantined", path.name)
-            self._quarantine(path)
-            return None
-        stat = path.stat()
-        if checkpoint:
-            ckpt = header.generation_checkpoint
-            if ckpt is None or ckpt.key != path.stem or self._identity_problem(header, ckpt.cache_ns, header.tokens):
-                return None  # not a checkpoint of this identity: not ours to use or delete
-            return Indexed(_CHECKPOINT_PREFIX + ckpt.key, ckpt.cache_ns, (), stat.st_size, 0, False,
-                           _File(path, "checkpoint", stat.st_mtime))
-        if self._identity_problem(header, header.ns, header.tokens) is not None or path.stem != expected_id(header):
-            return None  # another identity's or a renamed file: not ours to use or delete
-        kind: Kind = "prompt" if header.tokens else "object"
-        return Indexed(path.stem, header.ns, header.tokens, stat.st_size, header.minimum_reusable_offset,
-                       header.trimmable, _File(path, kind, stat.st_mtime))
-
-
-def _expected_bytes(caches: Sequence[LayerCache]) -> int:
-    """About what a file of `caches` takes (raw tensor bytes of the tokens they hold)."""
-    total = 0
-    for cache in caches:
-        per_token = cache.bytes_per_token()
-        total += min(cache.nbytes, per_token * cache.offset) if per_token else cache.nbytes
-    return total
