@@ -32,6 +32,17 @@ def parse_size(text: str) -> int:
     return value
 
 
+def parse_hours(text: str) -> float:
+    """A positive number of hours, e.g. '24' or '0.5' (argparse type)."""
+    try:
+        hours = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of hours; use e.g. 24 or 0.5") from None
+    if not 0 < hours < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} hours must be a positive number")
+    return hours
+
+
 def parse_size_or_zero(text: str) -> int:
     """Like `parse_size`, but 0 is allowed (it turns the thing off)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)

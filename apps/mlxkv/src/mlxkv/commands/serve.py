@@ -20,7 +20,7 @@ from mlxkv_serve import ServeConfig, build_app
 from mlxkv.commands.options import add_cache_options, add_model_options, kv_scheme_from
 from mlxkv.engine.cache_services import build_tiers
 from mlxkv.engine.local_engine import LocalEngine
-from mlxkv.paths import parse_size, weights_digest_memo
+from mlxkv.paths import parse_hours, parse_size, weights_digest_memo
 
 log = logging.getLogger("mlxkv.serve")
 SHUTDOWN_TIMEOUT_S = 30.0
@@ -46,6 +46,9 @@ def register(sub: Any) -> None:
     parser.add_argument("--generation-checkpoint", type=int, default=32, metavar="N",
                         help="with the SSD cache: checkpoint every generation every N tokens, so an identical request "
                         "after a crash or restart continues where it stopped (default: 32; 0 turns it off)")
+    parser.add_argument("--checkpoint-ttl", type=parse_hours, default=24.0, metavar="HOURS",
+                        help="delete a generation checkpoint not rewritten for HOURS, such as one a cancelled or failed "
+                        "generation left behind; checkpoints also count in --ssd-cache-max (default: 24)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="server log verbosity (default: info)")
     add_model_options(parser)
@@ -58,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     binding = load_binding(args.model, kv_scheme_from(args), digest_memo=weights_digest_memo())
     if args.generation_checkpoint < 0:
         raise ValueError(f"--generation-checkpoint={args.generation_checkpoint} must be >= 0 (0 turns it off)")
-    tiers, cold = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max)
+    tiers, cold = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max,
+                              checkpoint_ttl_s=args.checkpoint_ttl * 3600)
     engine = LocalEngine(binding, tiers, ssd_store=cold.ssd if cold is not None else None,
                          checkpoint_every=args.generation_checkpoint)
     config = ServeConfig(
