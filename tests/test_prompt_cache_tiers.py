@@ -187,3 +187,25 @@ def test_ram_hit_continues_exactly_like_a_cold_run(kind: str, scheme: KvScheme) 
     warm_result = warm.run()
     assert warm_result.cached_tokens == len(first_prompt) + len(first_tokens) - 1  # all but the unfed last token
     assert warm_result.token_ids == Generation(binding, prompt, params).run().token_ids
+
+
+def test_ram_tier_breaks_ties_toward_the_most_recently_used_entry() -> None:
+    ram = RamPromptCache(1 << 30)
+    ram.put([1, 2, 3, 10], make_plain_caches(4, seed=1), "")
+    ram.put([1, 2, 3, 20], make_plain_caches(4, seed=2), "")
+
+    def tied_source() -> int:
+        """Which entry (by its seed) a prompt sharing 3 tokens with both is served from."""
+        taken = ram.take([1, 2, 3, 99, 5], "")
+        assert taken is not None and taken.num_tokens == 3
+        got = taken.caches[0]
+        assert isinstance(got, PlainKVCache) and got.keys is not None
+        for seed in (1, 2):
+            want = make_plain_caches(4, seed=seed)[0].keys
+            if want is not None and mx.array_equal(got.keys[..., :3, :], want[..., :3, :]).item():
+                return seed
+        raise AssertionError("served from neither entry")
+
+    assert tied_source() == 2
+    assert ram.take([1, 2, 3, 10, 7], "") is not None  # uses (and refreshes) the first entry
+    assert tied_source() == 1
