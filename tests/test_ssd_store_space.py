@@ -171,3 +171,12 @@ def test_files_are_deleted_outside_the_index_lock(tmp_path: Path, monkeypatch: p
     assert [p.name for p in (tmp_path / "cache").rglob("*.mlxkv")] == [
         p.name for p in store.root.rglob("*.mlxkv")
     ] and len(list(store.root.rglob("*.mlxkv"))) == 1 and store.find_exact([1, 2, 3]) is not None
+
+
+def test_checkpoint_written_by_another_process_is_found_and_counted(tmp_path: Path) -> None:
+    store = SsdCacheStore(tmp_path, IDENTITY, 1 << 30)
+    other = SsdCacheStore(tmp_path, IDENTITY, 1 << 30)  # another server of the same identity
+    assert other.save_checkpoint([1, 2, 3], make_plain_caches(16), checkpoint("aa"))
+    restored = store.load_checkpoint("aa")
+    assert restored is not None and restored.tokens == (1, 2, 3)
+    assert store.stats().checkpoints == 1 and store.stats().bytes == held_on_disk(store.root)

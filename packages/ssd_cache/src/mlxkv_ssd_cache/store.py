@@ -230,6 +230,7 @@ class SsdCacheStore:
         path = self._checkpoint_path(key)
         with self._lock:
             item = self._index.get(CHECKPOINT_KEY_PREFIX + key)
+        item = item or self._adopt_checkpoint(key, path)
         if item is None:
             return None
         if self._clock() - item.value.written_at > self.checkpoint_ttl_s:
@@ -248,6 +249,19 @@ class SsdCacheStore:
             return None
         mx.eval([c.state for c in caches])
         return RestoredState(caches, header.tokens, attachments, checkpoint)
+
+    def _adopt_checkpoint(self, key: str, path: Path) -> _Item | None:
+        """Index a checkpoint file this store did not write (another process of this identity
+        wrote it, or it was put back by hand); its mtime is its last write."""
+        try:
+            stat = path.stat()
+        except OSError:
+            return None
+        item: _Item = Indexed(CHECKPOINT_KEY_PREFIX + key, "", (), stat.st_size, 0, False,
+                              StoredFile(path, "checkpoint", stat.st_mtime))
+        with self._lock:
+            self._index.add(item)
+        return item
 
     def remove_checkpoint(self, key: str) -> None:
         path = self._checkpoint_path(key)
