@@ -14,6 +14,7 @@ from mlxkv.commands.options import (
     add_cache_options, add_model_options, add_sampling_options, generation_params_from, kv_scheme_from,
 )
 from mlxkv.engine.cache_services import build_tiers
+from mlxkv.paths import weights_digest_memo
 from mlxkv.progress import TerminalProgress
 
 FLUSH_TIMEOUT_S = 60.0
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     params = generation_params_from(args)
     progress = TerminalProgress()
     progress.status(f"loading {args.model or 'the embedded model'} ...")
-    binding = load_binding(args.model, kv_scheme_from(args))
+    binding = load_binding(args.model, kv_scheme_from(args), digest_memo=weights_digest_memo())
     progress.clear()
     tokenizer = binding.tokenizer
     history_end = None
