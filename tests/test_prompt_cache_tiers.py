@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import pytest
