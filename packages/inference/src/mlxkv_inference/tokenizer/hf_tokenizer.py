@@ -36,6 +36,11 @@ class HfTokenizer:
         """mlx-lm's `TokenizerWrapper` (for calling mlx-lm's own generation)."""
         return self._wrapper
 
+    @property
+    def backend(self) -> Any:
+        """The `tokenizers.Tokenizer` behind the transformers tokenizer (for grammar masks)."""
+        return self._wrapper._tokenizer.backend_tokenizer
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return _mlx_lm.tokenizer_encode(self._wrapper, text, add_special_tokens)
 
