@@ -47,8 +47,11 @@ class HfTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return _mlx_lm.tokenizer_decode(self._wrapper, list(ids))
 
-    def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
-        return _mlx_lm.tokenizer_chat_template(self._wrapper, [dict(m) for m in messages], add_generation_prompt)
+    def apply_chat_template(
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tools: Sequence[Message] | None = None
+    ) -> str:
+        specs = [dict(t) for t in tools] if tools else None
+        return _mlx_lm.tokenizer_chat_template(self._wrapper, [dict(m) for m in messages], add_generation_prompt, specs)
 
     def content_hash(self) -> str:
         return self._hash
