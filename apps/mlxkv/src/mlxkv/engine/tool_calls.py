@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxkv_inference import Grammar
+from mlxkv_inference.engine.constraint import JSON_LAYOUT
 from mlxkv_serve import ChatMessage, GenerateRequest, Tool, ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -52,7 +53,7 @@ def tool_grammar(tools: Sequence[Tool], *, required: bool, parallel: bool) -> Gr
         "start: calls" if required else "start: TEXT | calls",
         'calls: call ("\\n" call)*' if parallel else "calls: call",
         f'call: "{OPEN}\\n" body "\\n{CLOSE}"',
-        f"body: %json {json.dumps({'anyOf': calls})}",
+        f"body: %json {json.dumps({'x-guidance': JSON_LAYOUT, 'anyOf': calls})}",
         r"TEXT: /[^<\n](.|\n)*/",
     ]
     return Grammar("lark", "\n".join(lines) + "\n")

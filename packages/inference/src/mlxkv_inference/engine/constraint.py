@@ -24,6 +24,9 @@ from mlxkv_inference.tokenizer.protocol import Tokenizer
 
 GrammarKind = Literal["json_schema", "lark", "regex"]
 KINDS: tuple[GrammarKind, ...] = ("json_schema", "lark", "regex")
+# NOTE: JSON is written as json.dumps writes it, no free whitespace: a small model cannot pad an
+# answer with newlines until it runs out of tokens. A schema's own "x-guidance" overrides this.
+JSON_LAYOUT: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +53,7 @@ class Grammar:
     def to_llguidance(self) -> str:
         if self.kind == "json_schema":
             try:
-                return str(llg.LLMatcher.grammar_from_json_schema(self.source))
+                return str(llg.LLMatcher.grammar_from_json_schema(self.source, defaults=JSON_LAYOUT))  # type: ignore[arg-type]
             except ValueError as e:
                 raise ValueError(f"the JSON schema is not a JSON object: {e}") from None
         if self.kind == "lark":
