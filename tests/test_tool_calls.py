@@ -89,7 +89,7 @@ def test_openai_tool_choice_gets_a_valid_call(base_url: str, choice: Any) -> Non
     assert reply.choices[0].finish_reason == "tool_calls" and calls
     for call in calls:
         assert call.type == "function" and call.id
-        valid_call(call.function.name, json.loads(call.function.arguments))  # type: ignore[union-attr]
+        valid_call(call.function.name, json.loads(call.function.arguments))
     if isinstance(choice, dict):
         assert {c.function.name for c in calls} == {"get_time"}  # type: ignore[union-attr]
 
@@ -114,7 +114,7 @@ def test_anthropic_tool_choice_any_gets_tool_use_blocks(base_url: str) -> None:
     uses = [b for b in reply.content if b.type == "tool_use"]
     assert reply.stop_reason == "tool_use" and uses
     for block in uses:
-        valid_call(block.name, block.input)  # type: ignore[arg-type]
+        valid_call(block.name, block.input)
 
 
 def test_anthropic_streamed_tool_use_carries_input_json_deltas(base_url: str) -> None:
@@ -126,4 +126,4 @@ def test_anthropic_streamed_tool_use_carries_input_json_deltas(base_url: str) ->
     uses = [b for b in final.content if b.type == "tool_use"]
     assert final.stop_reason == "tool_use" and "input_json" in kinds and uses and {b.name for b in uses} == {"get_weather"}
     for block in uses:
-        valid_call(block.name, block.input)  # type: ignore[arg-type]
+        valid_call(block.name, block.input)
