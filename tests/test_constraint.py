@@ -11,7 +11,8 @@ import pytest
 from mlxkv_inference import Generation, GenerationParams, Grammar, GrammarConstraint, SamplingParams, compile_grammar
 from mlxkv_inference.cache.reuse import clone_trimmed
 from mlxkv_inference.engine.generate import CheckpointState, ResumePoint
-from tests.factories import EOS_ID, TINY_VOCAB, ByteTokenizer, make_prompt, make_tiny_binding
+from mlxkv.engine.checkpoints import request_key
+from tests.factories import EOS_ID, TINY_VOCAB, ByteTokenizer, make_identity, make_prompt, make_tiny_binding
 
 SEEDED = SamplingParams(temperature=1.0, seed=5)
 PATTERN = r"[a-z]{3}-[0-9]{2,4}"
@@ -78,3 +79,14 @@ def test_grammar_that_does_not_compile_is_a_value_error(grammar: Grammar) -> Non
 def allowed_ids(masked: mx.array) -> list[int]:
     finite = mx.isfinite(masked[0])
     return [i for i in range(masked.shape[-1]) if bool(finite[i])]
+
+
+def test_grammar_is_part_of_the_checkpoint_request_key() -> None:
+    identity = make_identity(make_tiny_binding("llama"))
+    prompt = make_prompt(6)
+    free = GenerationParams(max_tokens=8)
+    keys = {request_key(identity, "", prompt, free)}
+    keys |= {request_key(identity, "", prompt, GenerationParams(max_tokens=8, grammar=Grammar("regex", source))) for source in ("a+", "b+")}
+    assert len(keys) == 3
+    again = GenerationParams(max_tokens=8, grammar=Grammar("regex", "a+"))
+    assert request_key(identity, "", prompt, again) in keys
