@@ -69,6 +69,18 @@ def test_required_tool_grammar_yields_a_valid_call_from_a_random_model(seed: int
     jsonschema.validate(json.loads(calls[0].arguments), SCHEMAS[calls[0].name])
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_auto_tool_grammar_yields_text_or_valid_calls(seed: int) -> None:
+    binding = make_tiny_binding("llama", seed=seed)
+    prompt = make_prompt(8, seed=seed)
+    result = Generation(binding, prompt, GenerationParams(max_tokens=60, grammar=tool_grammar(TOOLS, required=False, parallel=True))).run()
+    content, calls = split_tool_calls(result.text, TOOLS, "g")
+    if calls:
+        assert content == "" and all(jsonschema.validate(json.loads(c.arguments), SCHEMAS[c.name]) is None for c in calls)
+    else:
+        assert result.text and not result.text.startswith(("<", "\n")), result.text
+
+
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
     engine = LocalEngine(make_tiny_binding("qwen3", tokenizer=QwenStyleByteTokenizer()), None)
