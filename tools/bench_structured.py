@@ -50,7 +50,9 @@ def main() -> None:
         start = time.perf_counter()
         mx.eval(constraint.apply(logits))
         times.append(time.perf_counter() - start)
-    print(f"mask alone (matcher + unpack + where, evaluated): median {1e6 * statistics.median(times):.0f} us")
+    mask_s = statistics.median(times)
+    print(f"mask alone (matcher + unpack + where, evaluated): median {1e6 * mask_s:.0f} us, "
+          f"{100 * mask_s * free:.2f}% of a free decode step (an upper bound: it overlaps the forward pass)")
 
 
 if __name__ == "__main__":
