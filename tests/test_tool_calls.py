@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from mlxkv.engine.local_engine import LocalEngine
-from mlxkv.engine.tool_calls import chat_messages, split_tool_calls, template_tools, tool_grammar
+from mlxkv.engine.tool_calls import ToolAnswer, ToolUse, chat_messages, split_tool_calls, template_tools, tool_grammar
 from mlxkv_inference import GenerationParams, Generation, compile_grammar
 from mlxkv_inference.tokenizer.chat import encode_chat, template_takes_tools
 from mlxkv_serve import ChatMessage, ServeConfig, Tool, ToolCall, build_app
@@ -31,11 +31,24 @@ ANTHROPIC_TOOLS: Any = [{"name": t.name, "description": t.description, "input_sc
 ASK: Any = [{"role": "user", "content": "Weather in Paris?"}]
 
 
-def test_parser_splits_text_from_calls_and_keeps_broken_calls_as_text() -> None:
-    text = 'Let me look.\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>\n<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>'
-    assert split_tool_calls(text, TOOLS, "g") == ("Let me look.", (ToolCall("g_0", "get_time", '{"zone": "utc"}'),))
+CALL = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>'
+
+
+def test_parser_reads_calls_of_declared_tools_and_keeps_the_rest_as_text() -> None:
+    text = CALL + '\n<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>'
+    assert split_tool_calls(text, TOOLS, "g") == ("", (ToolCall("g_0", "get_time", '{"zone": "utc"}'),))
     cut = '<tool_call>\n{"name": "get_time", "argu'
     assert split_tool_calls(cut, TOOLS, "g") == (cut, ())
+    assert split_tool_calls("Sure. " + CALL, TOOLS, "g") == ("Sure. " + CALL, ())  # free text (the grammar's other branch)
+
+
+def test_free_text_streams_while_calls_wait_for_the_whole_answer() -> None:
+    active = ToolUse(TOOLS, tool_grammar(TOOLS, required=False, parallel=True))
+    text = ToolAnswer(active, "g")
+    assert [text.feed(part) for part in ("", "Hel", "lo <x>")] == ["", "Hel", "lo <x>"] and text.finish("Hello <x>") == ("", ())
+    call = ToolAnswer(active, "g")
+    assert [call.feed(part) for part in (CALL[:5], CALL[5:])] == ["", ""]
+    assert call.finish(CALL) == ("", (ToolCall("g_0", "get_time", '{"zone": "utc"}'),))
 
 
 def test_template_that_takes_tools_renders_them_and_the_history() -> None:

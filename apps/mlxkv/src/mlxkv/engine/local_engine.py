@@ -20,14 +20,14 @@ from mlxkv_inference.engine.generate import CheckpointState, Generation, ResumeP
 from mlxkv_inference.prompt_cache import TieredPromptCache
 from mlxkv_inference.tokenizer.chat import encode_chat, template_takes_tools
 from mlxkv_serve import (
-    Delta, Event, Failed, Finished, FlushResult, GenerateRequest, PromptTooLongError, QueueFullError, TokenLogprob, ToolCall,
+    Delta, Event, Failed, Finished, FlushResult, GenerateRequest, PromptTooLongError, QueueFullError, TokenLogprob,
 )
 from mlxkv_ssd_cache import KvIdentity, SsdCacheStore
 from mlxkv_state.header import GenerationCheckpoint
 
 from mlxkv.engine.checkpoints import CheckpointWriter, request_key
 from mlxkv.engine.logprobs import LogprobTrail, render
-from mlxkv.engine.tool_calls import ToolUse, chat_messages, split_tool_calls, template_tools, tool_use
+from mlxkv.engine.tool_calls import ToolAnswer, ToolUse, chat_messages, template_tools, tool_use
 from mlxkv.progress import PrefillLog
 
 log = logging.getLogger(__name__)
@@ -220,6 +220,7 @@ class LocalEngine:
             return
         self._update(job, status="running")
         generation = self._start(job)
+        answer = ToolAnswer(job.tools, handle.generation_id)
         first: float | None = None
         for delta in generation:
             if first is None:
@@ -230,14 +231,15 @@ class LocalEngine:
             logprobs: tuple[TokenLogprob, ...] = ()
             if job.trail is not None and generation.result is None:
                 logprobs = (render(self.binding.tokenizer, *job.trail.next(delta.step)),)
-            if job.tools.active:  # held back: the answer is split into text and calls once complete
-                continue
-            if delta.text or logprobs:
-                handle.push(Delta(delta.text, logprobs))
+            text = answer.feed(delta.text)
+            if text or logprobs:
+                handle.push(Delta(text, logprobs))
         self._generator.settle(generation)
         result = generation.result
         assert result is not None
-        calls = self._push_tool_answer(job, result.text) if job.tools.active else ()
+        rest, calls = answer.finish(result.text)
+        if rest:
+            handle.push(Delta(rest))
         if self._checkpoints is not None and result.finish_reason != "cancelled":
             self._checkpoints.remove(job.key)  # finished: nothing left to resume
         # The caches of a resumed generation also hold the tokens generated before the restart:
@@ -249,12 +251,6 @@ class LocalEngine:
                      cached_tokens=cached, seed=result.seed)
         handle.push(Finished("tool_calls" if calls else result.finish_reason, generation.stop_string, result.prompt_tokens,
                              result.generated_tokens, cached, result.seed, handle.generation_id, first or 0.0, resumed, calls))
-
-    def _push_tool_answer(self, job: _Job, text: str) -> tuple[ToolCall, ...]:
-        content, calls = split_tool_calls(text, job.tools.tools, job.handle.generation_id)
-        if content:
-            job.handle.push(Delta(content))
-        return calls
 
     def _start(self, job: _Job) -> Generation:
         """A generation continuing this request's checkpoint if one is durable, else a new one."""

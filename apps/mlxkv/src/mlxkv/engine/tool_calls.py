@@ -59,11 +59,41 @@ def tool_grammar(tools: Sequence[Tool], *, required: bool, parallel: bool) -> Gr
     return Grammar("lark", "\n".join(lines) + "\n")
 
 
+class ToolAnswer:
+    """Streams an answer that may be calls: free text is passed on as it comes (the grammar decides
+    the branch on the first character), calls are held back until the answer is complete."""
+
+    def __init__(self, tools: ToolUse, id_prefix: str) -> None:
+        self._tools = tools
+        self._id_prefix = id_prefix
+        self._held = ""
+        self._streaming = not tools.active
+
+    def feed(self, text: str) -> str:
+        """The part of `text` that can be sent now."""
+        if self._streaming:
+            return text
+        self._held += text
+        if self._held and not self._held.startswith("<"):  # the free-text branch: never a call
+            self._streaming, text, self._held = True, self._held, ""
+            return text
+        return ""
+
+    def finish(self, text: str) -> tuple[str, tuple[ToolCall, ...]]:
+        """What is left to send of the whole answer `text`, and its calls."""
+        if self._streaming:
+            return "", ()
+        return split_tool_calls(text, self._tools.tools, self._id_prefix)
+
+
 def split_tool_calls(text: str, tools: Sequence[Tool], id_prefix: str) -> tuple[str, tuple[ToolCall, ...]]:
-    """The free text before the first call, and the well-formed calls of declared tools.
+    """The well-formed calls of declared tools in an answer that starts with a call (as the grammar
+    has it), and the text left; text is returned whole when it holds no such call.
 
     A call that is cut short (the answer ran out of tokens) or names no declared tool stays text.
     """
+    if not text.startswith(OPEN):
+        return text, ()
     names = {t.name for t in tools}
     calls: list[ToolCall] = []
     for match in _CALL.finditer(text):
