@@ -90,3 +90,8 @@ def test_grammar_is_part_of_the_checkpoint_request_key() -> None:
     assert len(keys) == 3
     again = GenerationParams(max_tokens=8, grammar=Grammar("regex", "a+"))
     assert request_key(identity, "", prompt, again) in keys
+
+
+def test_ignore_eos_with_a_grammar_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="ignore_eos"):
+        GenerationParams(ignore_eos=True, grammar=Grammar("regex", "a"))

@@ -38,6 +38,8 @@ class GenerationParams:
             raise ValueError(f"prefill_chunk={self.prefill_chunk} must be >= 1")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
+        if self.ignore_eos and self.grammar is not None:
+            raise ValueError("ignore_eos cannot be combined with a grammar: a grammar ends its answer with EOS")
 
 
 @dataclass(frozen=True, slots=True)
