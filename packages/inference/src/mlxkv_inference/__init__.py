@@ -2,6 +2,7 @@
 
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
 from mlxkv_inference.kv_scheme import DEFAULT_QUANTIZED_KV_START, KvScheme
+from mlxkv_inference.engine.constraint import Grammar, GrammarConstraint, compile_grammar
 from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
 from mlxkv_inference.engine.generate import Generation, GenerationParams, GenerationResult, TextDelta
 from mlxkv_inference.engine.loop import TokenStep, generate_steps
@@ -16,6 +17,8 @@ __all__ = [
     "DEFAULT_QUANTIZED_KV_START",
     "EMBEDDED_MODEL_ID",
     "Generation",
+    "Grammar",
+    "GrammarConstraint",
     "GenerationParams",
     "GenerationResult",
     "IncrementalDetokenizer",
@@ -28,6 +31,7 @@ __all__ = [
     "TokenStep",
     "Tokenizer",
     "UnsupportedModelError",
+    "compile_grammar",
     "embedded_model_path",
     "generate_steps",
     "load_binding",

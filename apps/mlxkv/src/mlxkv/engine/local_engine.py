@@ -14,17 +14,20 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding, SamplingParams
+from mlxkv_inference import GenerationParams, Grammar, MlxAutoregressiveBinding, SamplingParams, compile_grammar
 from mlxkv_inference.engine.cached_generation import CachedGenerator
 from mlxkv_inference.engine.generate import CheckpointState, Generation, ResumePoint
 from mlxkv_inference.prompt_cache import TieredPromptCache
-from mlxkv_inference.tokenizer.chat import encode_chat
-from mlxkv_serve import Delta, Event, Failed, Finished, FlushResult, GenerateRequest, PromptTooLongError, QueueFullError, TokenLogprob
+from mlxkv_inference.tokenizer.chat import encode_chat, template_takes_tools
+from mlxkv_serve import (
+    Delta, Event, Failed, Finished, FlushResult, GenerateRequest, PromptTooLongError, QueueFullError, TokenLogprob,
+)
 from mlxkv_ssd_cache import KvIdentity, SsdCacheStore
 from mlxkv_state.header import GenerationCheckpoint
 
 from mlxkv.engine.checkpoints import CheckpointWriter, request_key
 from mlxkv.engine.logprobs import LogprobTrail, render
+from mlxkv.engine.tool_calls import ToolAnswer, ToolUse, chat_messages, template_tools, tool_use
 from mlxkv.progress import PrefillLog
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,7 @@ class _Job:
     params: GenerationParams
     top_logprobs: int | None
     key: str
+    tools: ToolUse = ToolUse((), None)
     submitted: float = field(default_factory=time.perf_counter)
     trail: LogprobTrail | None = None  # the logprobs sent so far, when the request asked for them
 
@@ -115,7 +119,8 @@ class LocalEngine:
         if self._queue.qsize() >= self.max_queue:
             raise QueueFullError(f"{self._queue.qsize()} requests are already waiting (the limit is {self.max_queue}); "
                                  "retry later", RETRY_AFTER_S)
-        prompt, history_end = self._encode(request)
+        tools = tool_use(request)
+        prompt, history_end = self._encode(request, tools)
         if len(prompt) + request.max_tokens > self.context_length:
             raise PromptTooLongError(
                 f"the prompt has {len(prompt)} tokens and {request.max_tokens} more were requested; "
@@ -126,10 +131,13 @@ class LocalEngine:
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p, repetition_penalty=s.repetition_penalty,
             presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty, logit_bias=dict(s.logit_bias), seed=s.seed,
         )
-        params = replace(self.base_params, max_tokens=request.max_tokens, sampling=sampling, stop=request.stop)
+        grammar = tools.grammar or (Grammar(request.constraint.kind, request.constraint.source) if request.constraint else None)
+        if grammar is not None:
+            compile_grammar(grammar, self.binding.tokenizer)  # a grammar that does not compile is the caller's 400
+        params = replace(self.base_params, max_tokens=request.max_tokens, sampling=sampling, stop=request.stop, grammar=grammar)
         handle = _Handle(uuid.uuid4().hex[:24], len(prompt), asyncio.get_running_loop())
         key = request_key(self._identity, "", prompt, params, request.top_logprobs)
-        job = _Job(handle, prompt, history_end, params, request.top_logprobs, key)
+        job = _Job(handle, prompt, history_end, params, request.top_logprobs, key, tools)
         self._remember(handle.generation_id, {"id": handle.generation_id, "status": "queued", "created": time.time(),
                                               "prompt_tokens": len(prompt)})
         self._queue.put(job)
@@ -179,10 +187,12 @@ class LocalEngine:
             log.warning("prompt cache writes did not finish within %.0f s", timeout)
 
     # -- worker -----------------------------------------------------------------------------
-    def _encode(self, request: GenerateRequest) -> tuple[list[int], int | None]:
+    def _encode(self, request: GenerateRequest, tools: ToolUse) -> tuple[list[int], int | None]:
         tokenizer = self.binding.tokenizer
         if request.messages is not None:
-            chat = encode_chat(tokenizer, [{"role": m.role, "content": m.content} for m in request.messages])
+            native = template_takes_tools(tokenizer)
+            messages = chat_messages(request.messages, tools.tools, native)
+            chat = encode_chat(tokenizer, messages, template_tools(tools.tools) if native and tools.tools else None)
             return chat.tokens, chat.history_end
         if request.prompt is not None:
             return tokenizer.encode(request.prompt), None
@@ -210,6 +220,7 @@ class LocalEngine:
             return
         self._update(job, status="running")
         generation = self._start(job)
+        answer = ToolAnswer(job.tools, handle.generation_id)
         first: float | None = None
         for delta in generation:
             if first is None:
@@ -220,11 +231,15 @@ class LocalEngine:
             logprobs: tuple[TokenLogprob, ...] = ()
             if job.trail is not None and generation.result is None:
                 logprobs = (render(self.binding.tokenizer, *job.trail.next(delta.step)),)
-            if delta.text or logprobs:
-                handle.push(Delta(delta.text, logprobs))
+            text = answer.feed(delta.text)
+            if text or logprobs:
+                handle.push(Delta(text, logprobs))
         self._generator.settle(generation)
         result = generation.result
         assert result is not None
+        rest, calls = answer.finish(result.text)
+        if rest:
+            handle.push(Delta(rest))
         if self._checkpoints is not None and result.finish_reason != "cancelled":
             self._checkpoints.remove(job.key)  # finished: nothing left to resume
         # The caches of a resumed generation also hold the tokens generated before the restart:
@@ -234,8 +249,8 @@ class LocalEngine:
         self._update(job, status=result.finish_reason if result.finish_reason == "cancelled" else "finished",
                      finish_reason=result.finish_reason, completion_tokens=result.generated_tokens,
                      cached_tokens=cached, seed=result.seed)
-        handle.push(Finished(result.finish_reason, generation.stop_string, result.prompt_tokens, result.generated_tokens,
-                             cached, result.seed, handle.generation_id, first or 0.0, resumed))
+        handle.push(Finished("tool_calls" if calls else result.finish_reason, generation.stop_string, result.prompt_tokens,
+                             result.generated_tokens, cached, result.seed, handle.generation_id, first or 0.0, resumed, calls))
 
     def _start(self, job: _Job) -> Generation:
         """A generation continuing this request's checkpoint if one is durable, else a new one."""

@@ -11,6 +11,7 @@ import mlx.core as mx
 
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
+from mlxkv_inference.engine.constraint import Grammar, GrammarConstraint
 from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
 from mlxkv_inference.engine.logits import context_window, make_logits_processors
 from mlxkv_inference.cache.reuse import covered_tokens, frozen_copy
@@ -28,6 +29,7 @@ class GenerationParams:
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     ignore_eos: bool = False  # generate max_tokens even past EOS (benchmarks)
     compiled_decode: bool = True
+    grammar: Grammar | None = None  # what the generated text must match (JSON schema, Lark, regex)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -36,6 +38,8 @@ class GenerationParams:
             raise ValueError(f"prefill_chunk={self.prefill_chunk} must be >= 1")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
+        if self.ignore_eos and self.grammar is not None:
+            raise ValueError("ignore_eos cannot be combined with a grammar: a grammar ends its answer with EOS")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +118,7 @@ class Generation:
         self._resume = resume
         replayed = list(resume.generated) if resume is not None else list(history)
         self.prompt = list(prompt) + replayed
+        self._replayed = replayed
         self._first_step = len(replayed)
         self._original_prompt = len(prompt)
         self._checkpoint_every = checkpoint_every
@@ -156,6 +161,7 @@ class Generation:
             checkpoint_every=self._checkpoint_every,
             on_checkpoint=self._checkpoint if self._on_checkpoint is not None else None,
             on_prefill_progress=self._on_prefill_progress,
+            constraint=self._constraint(),
         )
         step: TokenStep | None = None
         for step in steps:
@@ -198,6 +204,12 @@ class Generation:
     def fed_tokens(self) -> list[int]:
         """The tokens the caches hold now: the prompt and the generated tokens fed so far."""
         return (self.prompt + self._yielded)[: covered_tokens(self.caches)]
+
+    def _constraint(self) -> GrammarConstraint | None:
+        grammar = self._params.grammar
+        if grammar is None:
+            return None
+        return GrammarConstraint(grammar, self._binding.tokenizer, replay=self._replayed)
 
     def _checkpoint(self, pending: int, emitted: int, logprobs: mx.array) -> None:
         assert self._on_checkpoint is not None

@@ -17,6 +17,7 @@ from mlxkv_inference import _mlx_lm
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.reuse import covered_tokens
+from mlxkv_inference.engine.constraint import GrammarConstraint
 from mlxkv_inference.engine.logits import LogitsProcessor
 from mlxkv_inference.engine.sampling import Sampler
 
@@ -54,6 +55,7 @@ def generate_steps(
     checkpoint_every: int = 0,
     on_checkpoint: Callable[[int, int, mx.array], None] | None = None,
     on_prefill_progress: PrefillProgress | None = None,
+    constraint: GrammarConstraint | None = None,
 ) -> Iterator[TokenStep]:
     """Yield up to `max_tokens` tokens continuing `prompt` (which must not be empty).
 
@@ -71,6 +73,10 @@ def generate_steps(
 
     Prefill feeds the uncached prompt but its last token (the first decode step takes that one);
     `on_prefill_progress(done, total)` counts those tokens, from (0, total) on, once per chunk.
+
+    `constraint` masks every step's logits to what its grammar allows; it consumes each token fed
+    after the prompt. Its mask needs the previous token on the host, so a constrained step reads
+    that token while its own forward pass already runs, and computes the mask meanwhile.
     """
     if not prompt:
         raise ValueError("prompt must hold at least one token")
@@ -101,6 +107,11 @@ def generate_steps(
     def step(tokens: mx.array, index: int) -> tuple[mx.array, mx.array]:
         nonlocal history
         logits = decode(tokens)
+        if constraint is not None:
+            _mlx_lm.async_eval(logits)  # the forward pass runs while the host computes the mask
+            if index > first_step:  # `tokens` was generated (at step index - 1), not the prompt's end
+                constraint.consume(_token(tokens))
+            logits = constraint.apply(logits)
         if window:
             history = mx.concatenate([history, tokens.astype(mx.int32)])[-window:]
         for processor in processors:
