@@ -31,6 +31,12 @@ void qmm_range_generic(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int
 void qmm_range_avx2(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel);
 void qmm_range_avx512(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel);
 
+// Dense float product with the same fixed reduction order: a.x is (M, K) and b_rows (N, K), both
+// row-major with K a multiple of 16 (zero-padded); writes a.y (M, N). Single-threaded.
+void dense_generic(const QmmArgs& a, const float* b_rows);
+void dense_avx2(const QmmArgs& a, const float* b_rows);
+void dense_avx512(const QmmArgs& a, const float* b_rows);
+
 // Runs the whole product on the thread pool with the selected instruction set.
 void qmm_run(const QmmArgs& a);
 

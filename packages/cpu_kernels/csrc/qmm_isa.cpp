@@ -163,20 +163,33 @@ void run_range(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1,
   }
 }
 
+// Dense: b_rows holds the N rows of op(B)^T, each a.K floats; same micro-kernel, no dequantization.
+void run_dense(const QmmArgs& a, const float* b_rows) {
+  for (int64_t n = 0; n < a.N; n += kPanelCols) {
+    int cols = int(a.N - n < kPanelCols ? a.N - n : kPanelCols);
+    int64_t m = 0;
+    for (; m + kRows <= a.M; m += kRows) micro_cols<kRows>(a, m, n, cols, b_rows + n * a.K);
+    for (; m < a.M; ++m) micro_cols<1>(a, m, n, cols, b_rows + n * a.K);
+  }
+}
+
 }  // namespace
 
 #if QMM_ISA == 3
 void qmm_range_avx512(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel) {
   run_range(a, n0, n1, m0, m1, panel);
 }
+void dense_avx512(const QmmArgs& a, const float* b_rows) { run_dense(a, b_rows); }
 #elif QMM_ISA == 2
 void qmm_range_avx2(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel) {
   run_range(a, n0, n1, m0, m1, panel);
 }
+void dense_avx2(const QmmArgs& a, const float* b_rows) { run_dense(a, b_rows); }
 #else
 void qmm_range_generic(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel) {
   run_range(a, n0, n1, m0, m1, panel);
 }
+void dense_generic(const QmmArgs& a, const float* b_rows) { run_dense(a, b_rows); }
 #endif
 
 }  // namespace mlxkv

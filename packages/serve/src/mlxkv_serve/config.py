@@ -15,6 +15,9 @@ class ServeConfig:
     api_key: str | None = None
     max_body_bytes: int = 4 << 20
     flush_timeout_s: float = 30.0
+    # What runs the model's matmuls, reported by /health (set by the app that loads the model).
+    cpu_kernels: str = "unknown"
+    blas: str = "unknown"
 
     def __post_init__(self) -> None:
         if self.default_max_tokens < 1:

@@ -11,7 +11,8 @@ from mlxkv_inference.engine.cached_generation import CachedGenerator
 from mlxkv_inference.tokenizer.chat import encode_chat
 
 from mlxkv.commands.options import (
-    add_cache_options, add_model_options, add_sampling_options, generation_params_from, kv_scheme_from,
+    add_cache_options, add_model_options, add_sampling_options, cpu_kernels_from, generation_params_from,
+    kv_scheme_from, runtime_line,
 )
 from mlxkv.engine.cache_services import build_tiers
 
@@ -37,7 +38,8 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     params = generation_params_from(args)
-    binding = load_binding(args.model, kv_scheme_from(args))
+    binding = load_binding(args.model, kv_scheme_from(args), cpu_kernels_from(args))
+    print(f"mlxkv generate: {runtime_line(binding)}", file=sys.stderr)
     tokenizer = binding.tokenizer
     history_end = None
     if args.raw:

@@ -17,7 +17,7 @@ import uvicorn
 from mlxkv_inference import load_binding
 from mlxkv_serve import ServeConfig, build_app
 
-from mlxkv.commands.options import add_cache_options, add_model_options, kv_scheme_from
+from mlxkv.commands.options import add_cache_options, add_model_options, cpu_kernels_from, kv_scheme_from, runtime_info
 from mlxkv.engine.cache_services import build_tiers
 from mlxkv.engine.local_engine import LocalEngine
 from mlxkv.paths import parse_size
@@ -55,7 +55,8 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    binding = load_binding(args.model, kv_scheme_from(args))
+    binding = load_binding(args.model, kv_scheme_from(args), cpu_kernels_from(args))
+    runtime = runtime_info(binding)
     if args.generation_checkpoint < 0:
         raise ValueError(f"--generation-checkpoint={args.generation_checkpoint} must be >= 0 (0 turns it off)")
     tiers, cold = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max)
@@ -64,10 +65,12 @@ def run(args: argparse.Namespace) -> int:
     config = ServeConfig(
         vocab_size=binding.tokenizer.vocab_size, default_max_tokens=args.max_tokens, default_temperature=args.temp,
         default_top_p=args.top_p, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+        cpu_kernels=runtime["cpu_kernels"], blas=runtime["blas"],
     )
     app = build_app(engine, config)
     where = args.ssd_cache if args.ssd_cache is not None else "off"
-    log.info("serving %s on http://%s:%d (SSD cache: %s)", binding.model_id, args.host, args.port, where)
+    log.info("serving %s on http://%s:%d (SSD cache: %s; cpu kernels %s; BLAS %s)", binding.model_id, args.host,
+             args.port, where, runtime["cpu_kernels"], runtime["blas"])
     server = GracefulServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=int(SHUTDOWN_TIMEOUT_S)))
     try:

@@ -14,6 +14,7 @@ from mlxkv_inference import _mlx_lm
 from mlxkv_inference.binding import MlxAutoregressiveBinding
 from mlxkv_inference.kv_scheme import KvScheme
 from mlxkv_inference.errors import ModelLoadError
+from mlxkv_inference.models.cpu_kernels import CpuKernels
 from mlxkv_inference.models.embedded import EMBEDDED_MODEL_ID, embedded_model_path
 from mlxkv_inference.models.gguf import load_gguf
 from mlxkv_inference.tokenizer.gguf_tokenizer import GgufTokenizer
@@ -22,15 +23,17 @@ from mlxkv_inference.tokenizer.hf_tokenizer import HfTokenizer
 _DIGEST_SPAN = 1 << 20
 
 
-def load_binding(model: str | Path | None = None, kv_scheme: KvScheme = KvScheme()) -> MlxAutoregressiveBinding:
-    """Load `model` (None: the embedded SmolLM2) and bind it with `kv_scheme`."""
+def load_binding(
+    model: str | Path | None = None, kv_scheme: KvScheme = KvScheme(), cpu_kernels: CpuKernels = "mlx"
+) -> MlxAutoregressiveBinding:
+    """Load `model` (None: the embedded SmolLM2) and bind it with `kv_scheme` and `cpu_kernels`."""
     if model is None:
-        return load_gguf_binding(embedded_model_path(), kv_scheme, model_id=EMBEDDED_MODEL_ID)
+        return load_gguf_binding(embedded_model_path(), kv_scheme, model_id=EMBEDDED_MODEL_ID, cpu_kernels=cpu_kernels)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return load_gguf_binding(path, kv_scheme)
+        return load_gguf_binding(path, kv_scheme, cpu_kernels=cpu_kernels)
     if path.is_dir() and (path / "config.json").is_file():
-        return load_directory_binding(path, kv_scheme)
+        return load_directory_binding(path, kv_scheme, cpu_kernels)
     if not path.exists():
         raise ModelLoadError(
             f"model path {str(path)!r} does not exist; --model takes a local mlx-lm directory or a .gguf file "
@@ -39,7 +42,9 @@ def load_binding(model: str | Path | None = None, kv_scheme: KvScheme = KvScheme
     raise ModelLoadError(f"{str(path)!r} is neither a .gguf file nor a directory with config.json")
 
 
-def load_gguf_binding(path: Path, kv_scheme: KvScheme, model_id: str | None = None) -> MlxAutoregressiveBinding:
+def load_gguf_binding(
+    path: Path, kv_scheme: KvScheme, model_id: str | None = None, cpu_kernels: CpuKernels = "mlx"
+) -> MlxAutoregressiveBinding:
     loaded = load_gguf(path)
     return MlxAutoregressiveBinding(
         loaded.model,
@@ -48,10 +53,11 @@ def load_gguf_binding(path: Path, kv_scheme: KvScheme, model_id: str | None = No
         config=loaded.config,
         kv_scheme=kv_scheme,
         weights_digest=weights_digest([path]),
+        cpu_kernels=cpu_kernels,
     )
 
 
-def load_directory_binding(path: Path, kv_scheme: KvScheme) -> MlxAutoregressiveBinding:
+def load_directory_binding(path: Path, kv_scheme: KvScheme, cpu_kernels: CpuKernels = "mlx") -> MlxAutoregressiveBinding:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         model, wrapper, config = _mlx_lm.load_directory(path)
@@ -64,6 +70,7 @@ def load_directory_binding(path: Path, kv_scheme: KvScheme) -> MlxAutoregressive
         config=config,
         kv_scheme=kv_scheme,
         weights_digest=weights_digest(sorted(path.glob("*.safetensors"))),
+        cpu_kernels=cpu_kernels,
     )
 
 
