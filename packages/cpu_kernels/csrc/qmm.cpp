@@ -95,23 +95,22 @@ void qmm_run(const QmmArgs& a) {
   auto range = selected == Isa::avx512 ? qmm_range_avx512
       : selected == Isa::avx2          ? qmm_range_avx2
                                        : qmm_range_generic;
-  // Never more threads than 16-column slices; each thread owns whole columns, so the split
-  // changes which thread computes an element, never how.
+  // Chunks of whole columns: the split changes which thread computes an element, never how.
+  // About 4 chunks a thread balances load; at least kColAlign columns keep chunks worth a claim.
   int64_t slices = (a.N + kColAlign - 1) / kColAlign;
-  int threads = int(slices < tp.size() ? slices : tp.size());
+  int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(slices, 4 * tp.size()));
   if (int(panels.size()) < tp.size()) panels.resize(tp.size());
-  for (int t = 0; t < threads; ++t) {
-    if (int64_t(panels[t].size()) < kPanelCols * a.K) panels[t].resize(kPanelCols * a.K);
+  for (auto& panel : panels) {
+    if (int64_t(panel.size()) < kPanelCols * a.K) panel.resize(kPanelCols * a.K);
   }
-  auto task = [&](int t) {
-    if (t >= threads) return;
-    int64_t n0 = std::min(a.N, slices * t / threads * kColAlign);
-    int64_t n1 = std::min(a.N, slices * (t + 1) / threads * kColAlign);
+  auto task = [&](int64_t chunk, int t) {
+    int64_t n0 = std::min(a.N, slices * chunk / chunks * kColAlign);
+    int64_t n1 = std::min(a.N, slices * (chunk + 1) / chunks * kColAlign);
     for (int64_t m0 = 0; m0 < a.M; m0 += kRowBlock) {
       range(a, n0, n1, m0, std::min(a.M, m0 + kRowBlock), panels[t].data());
     }
   };
-  tp.run(task);
+  tp.run(chunks, task);
 }
 
 }  // namespace mlxkv
