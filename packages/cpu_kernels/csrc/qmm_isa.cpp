@@ -83,8 +83,8 @@ inline float param(const QmmArgs& a, const void* p, int64_t i) {
 #endif
 }
 
-// dst[k] = fma(q[k], s, b) for the 16 codes starting at `src` (bytes of the packed row).
-inline void dequant16(const uint8_t* src, int bits, float s, float b, float* dst) {
+// fma(q[k], s, b) for the 16 codes starting at `src` (bytes of the packed row), in a register.
+inline V16 dequant16(const uint8_t* src, int bits, float s, float b) {
 #if QMM_ISA >= 2
   __m128i codes;
   if (bits == 4) {
@@ -97,18 +97,20 @@ inline void dequant16(const uint8_t* src, int bits, float s, float b, float* dst
   }
 #if QMM_ISA == 3
   __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
-  _mm512_storeu_ps(dst, _mm512_fmadd_ps(q, _mm512_set1_ps(s), _mm512_set1_ps(b)));
+  return {_mm512_fmadd_ps(q, _mm512_set1_ps(s), _mm512_set1_ps(b))};
 #else
   __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes));
   __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8)));
-  _mm256_storeu_ps(dst, _mm256_fmadd_ps(q0, _mm256_set1_ps(s), _mm256_set1_ps(b)));
-  _mm256_storeu_ps(dst + 8, _mm256_fmadd_ps(q1, _mm256_set1_ps(s), _mm256_set1_ps(b)));
+  return {_mm256_fmadd_ps(q0, _mm256_set1_ps(s), _mm256_set1_ps(b)),
+          _mm256_fmadd_ps(q1, _mm256_set1_ps(s), _mm256_set1_ps(b))};
 #endif
 #else
+  V16 r;
   for (int i = 0; i < 16; ++i) {
     int q = bits == 4 ? (src[i / 2] >> (4 * (i & 1))) & 0x0f : src[i];
-    dst[i] = std::fmaf(float(q), s, b);
+    r.v[i] = std::fmaf(float(q), s, b);
   }
+  return r;
 #endif
 }
 
@@ -119,7 +121,7 @@ void dequant_column(const QmmArgs& a, int64_t n, float* dst) {
   for (int64_t g = 0; g < groups; ++g) {
     float s = param(a, a.scales, n * groups + g), b = param(a, a.biases, n * groups + g);
     for (int64_t k = g * a.group_size; k < (g + 1) * a.group_size; k += 16) {
-      dequant16(src + k * a.bits / 8, a.bits, s, b, dst + k);
+      dequant16(src + k * a.bits / 8, a.bits, s, b).store(dst + k);
     }
   }
 }
@@ -153,7 +155,38 @@ void micro_cols(const QmmArgs& a, int64_t m, int64_t n, int cols, const float* p
   }
 }
 
+// One row, C columns: the weights are dequantized in registers and used at once. The arithmetic
+// is exactly micro<1, C> on a dequantized panel (same fma(q, s, b), same chain), without the
+// panel's store and reload, which is most of a GEMV's cost.
+template <int C>
+void gemv(const QmmArgs& a, int64_t m, int64_t n) {
+  const int64_t row_bytes = a.K * a.bits / 8, groups = a.K / a.group_size;
+  const float* x = a.x + m * a.K;
+  V16 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = V16::zero();
+  for (int64_t g = 0; g < groups; ++g) {
+    float s[C], b[C];
+    for (int c = 0; c < C; ++c) {
+      s[c] = param(a, a.scales, (n + c) * groups + g);
+      b[c] = param(a, a.biases, (n + c) * groups + g);
+    }
+    for (int64_t k = g * a.group_size; k < (g + 1) * a.group_size; k += 16) {
+      V16 xv = V16::load(x + k);
+      for (int c = 0; c < C; ++c) {
+        acc[c].fma(xv, dequant16(a.w + (n + c) * row_bytes + k * a.bits / 8, a.bits, s[c], b[c]));
+      }
+    }
+  }
+  for (int c = 0; c < C; ++c) a.y[m * a.N + n + c] = reduce16(acc[c]);
+}
+
 void run_range(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel) {
+  if (m1 - m0 == 1) {
+    int64_t n = n0;
+    for (; n + 4 <= n1; n += 4) gemv<4>(a, m0, n);
+    for (; n < n1; ++n) gemv<1>(a, m0, n);
+    return;
+  }
   for (int64_t n = n0; n < n1; n += kPanelCols) {
     int cols = int(n1 - n < kPanelCols ? n1 - n : kPanelCols);
     for (int c = 0; c < cols; ++c) dequant_column(a, n + c, panel + c * a.K);
