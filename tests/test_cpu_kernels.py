@@ -160,3 +160,16 @@ def test_float_matmul_goes_to_the_shim_and_stays_correct() -> None:
     np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=0, atol=1e-4)
     got_t = as_numpy(mx.matmul(mx.array(a), mx.array(b.T).T))  # a transposed operand
     np.testing.assert_allclose(got_t, got, rtol=0, atol=1e-5)
+
+
+def test_float_matmul_row_is_bitwise_identical_alone_in_a_batch_and_with_b_transposed() -> None:
+    rng = np.random.default_rng(17)
+    a = mx.array(rng.standard_normal((9, 300), dtype=np.float32))
+    b_np = rng.standard_normal((300, 45), dtype=np.float32)
+    b = mx.array(b_np)
+    b_as_transposed = mx.array(np.ascontiguousarray(b_np.T)).T  # same values, the other layout
+    batch = as_numpy(mx.matmul(a, b))
+    for i in (0, 4, 8):
+        assert np.array_equal(as_numpy(mx.matmul(a[i : i + 1], b))[0], batch[i])
+        assert np.array_equal(as_numpy(mx.matmul(a[i : i + 1], b_as_transposed))[0], batch[i])
+    assert np.array_equal(as_numpy(mx.matmul(a[2:5], b)), batch[2:5])

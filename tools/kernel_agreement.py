@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import mlx.core as mx
-import numpy as np
+from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, load_binding  # first: BLAS shim
 
-from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, load_binding
-from mlxkv_inference._mlx_lm import forward
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from mlxkv_inference._blas import blas_description  # noqa: E402
+from mlxkv_inference._mlx_lm import forward  # noqa: E402
 
 TEXT = Path(__file__).resolve().parents[1] / "README.md"
 PARITY_PROMPTS = [
@@ -50,7 +52,7 @@ def teacher_forced(mlx_path: MlxAutoregressiveBinding, native: MlxAutoregressive
         agrees.append(agree)
         max_diff = max(max_diff, diff)
     kl_all, agree_all = np.concatenate(kls), np.concatenate(agrees)
-    print(f"teacher-forced {len(tokens)} tokens (chunks of {chunk}):")
+    print(f"teacher-forced {len(tokens)} tokens (chunks of {chunk}), BLAS {blas_description()}:")
     print(f"  mean KL(mlx || native) {kl_all.mean():.3e}   max KL {kl_all.max():.3e}")
     print(f"  max |logit difference| {max_diff:.3e}")
     print(f"  top-1 agreement {100 * agree_all.mean():.3f} % ({int(agree_all.sum())}/{agree_all.size})")

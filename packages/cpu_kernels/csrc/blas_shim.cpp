@@ -16,17 +16,33 @@ namespace {
 enum { kRowMajor = 101, kColMajor = 102, kNoTrans = 111 };
 
 using Dense = void (*)(const mlxkv::QmmArgs&, const float*);
+using Row = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, float*);
 
-Dense pick() {
+int best() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma"))
-    return mlxkv::dense_avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return mlxkv::dense_avx2;
-  return mlxkv::dense_generic;
+    return 3;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 2;
+  return 0;
 }
 
-const Dense dense = pick();
+const int isa = best();
+const Dense dense = isa == 3 ? mlxkv::dense_avx512 : isa == 2 ? mlxkv::dense_avx2 : mlxkv::dense_generic;
+const Row row = isa == 3 ? mlxkv::row_avx512 : isa == 2 ? mlxkv::row_avx2 : mlxkv::row_generic;
+
+// Rows of A below this with a row-major B skip packing (the transpose of B costs more than the product).
+constexpr int kRowPathMaxM = 4;
+
+void store(float* c, int64_t ldc, int64_t m, int64_t n, const float* dots, float alpha, float beta) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      float d = dots[i * n + j];
+      float* out = c + i * ldc + j;
+      *out = beta == 0.0f ? alpha * d : alpha * d + beta * *out;
+    }
+  }
+}
 
 // rows x k of op(src) into dst (rows, kp) zero-padded; trans: op(src)[r][c] = src[c * ld + r].
 void pack(const float* src, int64_t ld, bool trans, int64_t rows, int64_t k, int64_t kp, float* dst) {
@@ -57,8 +73,19 @@ __attribute__((visibility("default"))) void cblas_sgemm(
     std::swap(m, n);
   }
   if (m <= 0 || n <= 0) return;
+  thread_local std::vector<float> ap, bp, dots, lanes, arow;
+  if (m <= kRowPathMaxM && tb == kNoTrans) {
+    dots.resize(size_t(m) * n);
+    lanes.resize(size_t(16) * n);
+    arow.resize(size_t(k));
+    for (int64_t i = 0; i < m; ++i) {
+      pack(a + (ta == kNoTrans ? i * lda : i), lda, ta != kNoTrans, 1, k, k, arow.data());
+      row(arow.data(), k, b, ldb, n, dots.data() + i * n, lanes.data());
+    }
+    store(c, ldc, m, n, dots.data(), alpha, beta);
+    return;
+  }
   const int64_t kp = (int64_t(k) + 15) / 16 * 16;
-  thread_local std::vector<float> ap, bp, dots;
   ap.resize(size_t(m) * kp);
   bp.resize(size_t(n) * kp);
   dots.resize(size_t(m) * n);
@@ -72,13 +99,7 @@ __attribute__((visibility("default"))) void cblas_sgemm(
   args.N = n;
   args.K = kp;
   dense(args, bp.data());
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      float d = dots[i * n + j];
-      float* out = c + i * ldc + j;
-      *out = beta == 0.0f ? alpha * d : alpha * d + beta * *out;
-    }
-  }
+  store(c, ldc, m, n, dots.data(), alpha, beta);
 }
 
 }  // extern "C"

@@ -37,6 +37,12 @@ void dense_generic(const QmmArgs& a, const float* b_rows);
 void dense_avx2(const QmmArgs& a, const float* b_rows);
 void dense_avx512(const QmmArgs& a, const float* b_rows);
 
+// out (n) = a_row (k) times b, row-major (k, n) with leading dimension ldb, in the same order as
+// dense_*; lanes holds 16 * n floats.
+void row_generic(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes);
+void row_avx2(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes);
+void row_avx512(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes);
+
 // Runs the whole product on the thread pool with the selected instruction set.
 void qmm_run(const QmmArgs& a);
 

@@ -206,6 +206,27 @@ void run_dense(const QmmArgs& a, const float* b_rows) {
   }
 }
 
+// One row of A times a row-major (K, N) B, read as it lies: lane l of output j accumulates the k
+// with k % 16 == l in ascending order, then the same tree. Bit for bit what run_dense gives on
+// packed operands, with no transpose of B (attention's p.v in decode).
+void run_row(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes) {
+  for (int64_t i = 0; i < 16 * n; ++i) lanes[i] = 0.0f;
+  for (int64_t kk = 0; kk < k; ++kk) {
+    float* acc = lanes + (kk % 16) * n;
+    const float av = a_row[kk];
+    const float* brow = b + kk * ldb;
+    for (int64_t j = 0; j < n; ++j) acc[j] = std::fmaf(av, brow[j], acc[j]);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    float l[16];
+    for (int i = 0; i < 16; ++i) l[i] = lanes[i * n + j];
+    for (int i = 0; i < 8; ++i) l[i] = l[i] + l[i + 8];
+    for (int i = 0; i < 4; ++i) l[i] = l[i] + l[i + 4];
+    for (int i = 0; i < 2; ++i) l[i] = l[i] + l[i + 2];
+    out[j] = l[0] + l[1];
+  }
+}
+
 }  // namespace
 
 #if QMM_ISA == 3
@@ -213,16 +234,25 @@ void qmm_range_avx512(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int6
   run_range(a, n0, n1, m0, m1, panel);
 }
 void dense_avx512(const QmmArgs& a, const float* b_rows) { run_dense(a, b_rows); }
+void row_avx512(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes) {
+  run_row(a_row, k, b, ldb, n, out, lanes);
+}
 #elif QMM_ISA == 2
 void qmm_range_avx2(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel) {
   run_range(a, n0, n1, m0, m1, panel);
 }
 void dense_avx2(const QmmArgs& a, const float* b_rows) { run_dense(a, b_rows); }
+void row_avx2(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes) {
+  run_row(a_row, k, b, ldb, n, out, lanes);
+}
 #else
 void qmm_range_generic(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel) {
   run_range(a, n0, n1, m0, m1, panel);
 }
 void dense_generic(const QmmArgs& a, const float* b_rows) { run_dense(a, b_rows); }
+void row_generic(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes) {
+  run_row(a_row, k, b, ldb, n, out, lanes);
+}
 #endif
 
 }  // namespace mlxkv
