@@ -25,8 +25,14 @@ _GROUP_SIZES = (32, 64, 128)
 
 
 def native_kernels_available() -> bool:
-    """True on Linux with mlxkv-cpu-kernels installed (its extension is imported lazily)."""
-    return sys.platform == "linux" and importlib.util.find_spec("mlxkv_cpu_kernels") is not None
+    """True on Linux with mlxkv-cpu-kernels installed and its extension importable."""
+    if sys.platform != "linux" or importlib.util.find_spec("mlxkv_cpu_kernels") is None:
+        return False
+    try:
+        import mlxkv_cpu_kernels.ops  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def default_cpu_kernels() -> CpuKernels:
@@ -38,7 +44,7 @@ def check_cpu_kernels(choice: str) -> CpuKernels:
     if choice not in CPU_KERNELS:
         raise ValueError(f"cpu kernels {choice!r} unknown; choose one of {', '.join(CPU_KERNELS)}")
     if choice == "native" and not native_kernels_available():
-        raise ValueError("cpu kernels 'native' need Linux with mlxkv-cpu-kernels installed; use 'mlx'")
+        raise ValueError("cpu kernels 'native' need Linux with mlxkv-cpu-kernels built and importable; use 'mlx'")
     return choice
 
 
