@@ -21,6 +21,8 @@ def test_embedded_generate_names_paris(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300, check=True,
     )
     assert "Paris" in done.stdout
+    if sys.platform == "linux":  # the start-up line names the kernels (native by default) and the BLAS
+        assert "mlxkv generate: cpu kernels native (" in done.stderr and "; BLAS mlxkv-sgemm (" in done.stderr
     stats = done.stderr.strip().splitlines()[-1]
     assert stats.startswith("prompt: 37 tokens (0 cached)")
     assert "finish: stop" in stats

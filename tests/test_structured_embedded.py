@@ -34,10 +34,10 @@ ASK: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def base_url(embedded: MlxAutoregressiveBinding, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    tiers, _ = build_tiers(embedded, ram_bytes=1 << 30, ssd_dir=tmp_path_factory.mktemp("ssd"), ssd_bytes=1 << 30)
-    engine = LocalEngine(embedded, tiers)
-    with running(build_app(engine, ServeConfig(vocab_size=embedded.tokenizer.vocab_size, max_body_bytes=1 << 20))) as url:
+def base_url(embedded_native: MlxAutoregressiveBinding, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tiers, _ = build_tiers(embedded_native, ram_bytes=1 << 30, ssd_dir=tmp_path_factory.mktemp("ssd"), ssd_bytes=1 << 30)
+    engine = LocalEngine(embedded_native, tiers)
+    with running(build_app(engine, ServeConfig(vocab_size=embedded_native.tokenizer.vocab_size, max_body_bytes=1 << 20))) as url:
         yield url
     engine.close(30)
 

@@ -1,5 +1,10 @@
 """mlxkv inference: model binding, caches, the autoregressive loop and the sampler."""
 
+# NOTE: first, before anything imports mlx: the BLAS shim only wins if loaded ahead of libmlx.
+from mlxkv_inference._blas import load_native_blas
+
+load_native_blas()
+
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
 from mlxkv_inference.kv_scheme import DEFAULT_QUANTIZED_KV_START, KvScheme
 from mlxkv_inference.engine.constraint import Grammar, GrammarConstraint, compile_grammar

@@ -14,7 +14,8 @@ from mlxkv_inference.engine.cached_generation import CachedGenerator
 from mlxkv_inference.tokenizer.chat import encode_chat
 
 from mlxkv.commands.options import (
-    add_cache_options, add_model_options, add_sampling_options, generation_params_from, kv_scheme_from,
+    add_cache_options, add_model_options, add_sampling_options, cpu_kernels_from, generation_params_from,
+    kv_scheme_from, runtime_line,
 )
 from mlxkv.engine.cache_services import build_tiers
 from mlxkv.paths import weights_digest_memo
@@ -49,8 +50,9 @@ def run(args: argparse.Namespace) -> int:
     params = replace(generation_params_from(args), grammar=grammar_from(args))
     progress = TerminalProgress()
     progress.status(f"loading {args.model or 'the embedded model'} ...")
-    binding = load_binding(args.model, kv_scheme_from(args), digest_memo=weights_digest_memo())
+    binding = load_binding(args.model, kv_scheme_from(args), cpu_kernels_from(args), digest_memo=weights_digest_memo())
     progress.clear()
+    print(f"mlxkv generate: {runtime_line(binding)}", file=sys.stderr)
     tokenizer = binding.tokenizer
     if params.grammar is not None:
         compile_grammar(params.grammar, tokenizer)

@@ -12,6 +12,7 @@ from mlxkv_inference import _mlx_lm
 from mlxkv_inference.binding import MlxAutoregressiveBinding
 from mlxkv_inference.kv_scheme import KvScheme
 from mlxkv_inference.errors import ModelLoadError
+from mlxkv_inference.models.cpu_kernels import CpuKernels
 from mlxkv_inference.models.embedded import EMBEDDED_MODEL_ID, embedded_model_path
 from mlxkv_inference.models.gguf import load_gguf
 from mlxkv_inference.models.weights_digest import weights_digest
@@ -20,20 +21,22 @@ from mlxkv_inference.tokenizer.hf_tokenizer import HfTokenizer
 
 
 def load_binding(
-    model: str | Path | None = None, kv_scheme: KvScheme = KvScheme(), *, digest_memo: Path | None = None
+    model: str | Path | None = None, kv_scheme: KvScheme = KvScheme(), cpu_kernels: CpuKernels = "mlx", *,
+    digest_memo: Path | None = None,
 ) -> MlxAutoregressiveBinding:
-    """Load `model` (None: the embedded SmolLM2) and bind it with `kv_scheme`.
+    """Load `model` (None: the embedded SmolLM2) and bind it with `kv_scheme` and `cpu_kernels`.
 
     `digest_memo`: a JSON file remembering the weights digest, so a restart does not re-read
     the weights to fingerprint them (None: digest them every time).
     """
     if model is None:
-        return load_gguf_binding(embedded_model_path(), kv_scheme, model_id=EMBEDDED_MODEL_ID, digest_memo=digest_memo)
+        return load_gguf_binding(embedded_model_path(), kv_scheme, model_id=EMBEDDED_MODEL_ID, cpu_kernels=cpu_kernels,
+                                 digest_memo=digest_memo)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return load_gguf_binding(path, kv_scheme, digest_memo=digest_memo)
+        return load_gguf_binding(path, kv_scheme, cpu_kernels=cpu_kernels, digest_memo=digest_memo)
     if path.is_dir() and (path / "config.json").is_file():
-        return load_directory_binding(path, kv_scheme, digest_memo=digest_memo)
+        return load_directory_binding(path, kv_scheme, cpu_kernels, digest_memo=digest_memo)
     if not path.exists():
         raise ModelLoadError(
             f"model path {str(path)!r} does not exist; --model takes a local mlx-lm directory or a .gguf file "
@@ -43,7 +46,8 @@ def load_binding(
 
 
 def load_gguf_binding(
-    path: Path, kv_scheme: KvScheme, model_id: str | None = None, digest_memo: Path | None = None
+    path: Path, kv_scheme: KvScheme, model_id: str | None = None, cpu_kernels: CpuKernels = "mlx",
+    digest_memo: Path | None = None,
 ) -> MlxAutoregressiveBinding:
     loaded = load_gguf(path)
     return MlxAutoregressiveBinding(
@@ -53,10 +57,13 @@ def load_gguf_binding(
         config=loaded.config,
         kv_scheme=kv_scheme,
         weights_digest=weights_digest([path], digest_memo),
+        cpu_kernels=cpu_kernels,
     )
 
 
-def load_directory_binding(path: Path, kv_scheme: KvScheme, digest_memo: Path | None = None) -> MlxAutoregressiveBinding:
+def load_directory_binding(
+    path: Path, kv_scheme: KvScheme, cpu_kernels: CpuKernels = "mlx", digest_memo: Path | None = None
+) -> MlxAutoregressiveBinding:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         model, wrapper, config = _mlx_lm.load_directory(path)
@@ -69,4 +76,5 @@ def load_directory_binding(path: Path, kv_scheme: KvScheme, digest_memo: Path | 
         config=config,
         kv_scheme=kv_scheme,
         weights_digest=weights_digest(sorted(path.glob("*.safetensors")), digest_memo),
+        cpu_kernels=cpu_kernels,
     )
