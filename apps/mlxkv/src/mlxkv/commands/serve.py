@@ -114,7 +114,7 @@ def check_args(args: argparse.Namespace) -> None:
 def build_engine(args: argparse.Namespace, binding: MlxAutoregressiveBinding) -> LocalEngine:
     """The engine `serve` runs, with the command line's cache, checkpoint, queue and generation settings."""
     tiers, cold = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max)
-    return LocalEngine(binding, tiers, ssd_store=cold.ssd if cold is not None else None,
+    return LocalEngine(binding, tiers, ssd=cold,
                        checkpoint_every=args.generation_checkpoint, base_params=base_params_from(args),
                        max_queue=args.max_queue)
 

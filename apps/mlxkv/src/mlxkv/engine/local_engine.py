@@ -10,9 +10,9 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Literal
 
 from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding, SamplingParams
 from mlxkv_inference.engine.cached_generation import CachedGenerator
@@ -20,10 +20,10 @@ from mlxkv_inference.engine.generate import CheckpointState, Generation, ResumeP
 from mlxkv_inference.prompt_cache import TieredPromptCache
 from mlxkv_inference.tokenizer.chat import encode_chat
 from mlxkv_serve import Delta, Event, Failed, Finished, FlushResult, GenerateRequest, PromptTooLongError, QueueFullError, TokenLogprob
-from mlxkv_ssd_cache import KvIdentity, SsdCacheStore
+from mlxkv_ssd_cache import KvIdentity
 from mlxkv_state.header import GenerationCheckpoint
 
-from mlxkv.engine.checkpoints import CheckpointWriter, request_key
+from mlxkv.engine.checkpoints import CheckpointStore, CheckpointWriter, request_key
 from mlxkv.engine.logprobs import LogprobTrail, render
 from mlxkv.progress import PrefillLog
 
@@ -31,6 +31,48 @@ log = logging.getLogger(__name__)
 KEEP_STATES = 1000
 DEFAULT_MAX_QUEUE = 16
 RETRY_AFTER_S = 1  # a hint only: the queue drains one generation at a time
+
+
+Status = Literal["queued", "running", "finished", "cancelled", "failed"]
+
+
+@dataclass(slots=True)
+class GenerationStatus:
+    """What `/v1/generations/{id}` reports; fields stay None until they are known."""
+
+    id: str
+    created: float
+    prompt_tokens: int
+    status: Status = "queued"
+    finish_reason: str | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    seed: int | None = None
+    resumed_tokens: int | None = None
+    checkpointed_tokens: int | None = None
+    error: str | None = None
+
+    def run(self) -> None:
+        self.status = "running"
+
+    def cancel(self) -> None:
+        self.status = "cancelled"
+
+    def resume(self, resumed_tokens: int) -> None:
+        self.resumed_tokens = resumed_tokens
+
+    def checkpoint(self, checkpointed_tokens: int) -> None:
+        self.checkpointed_tokens = checkpointed_tokens
+
+    def fail(self, error: str) -> None:
+        self.status, self.error = "failed", error
+
+    def finish(self, finish_reason: str, completion_tokens: int, cached_tokens: int, seed: int) -> None:
+        self.status = "cancelled" if finish_reason == "cancelled" else "finished"
+        self.finish_reason, self.completion_tokens, self.cached_tokens, self.seed = finish_reason, completion_tokens, cached_tokens, seed
+
+    def as_dict(self) -> dict[str, object]:
+        return {name: value for name, value in asdict(self).items() if value is not None}
 
 
 class _Handle:
@@ -79,12 +121,12 @@ class LocalEngine:
         tiers: TieredPromptCache | None,
         *,
         context_length: int | None = None,
-        ssd_store: SsdCacheStore | None = None,
+        ssd: CheckpointStore | None = None,
         checkpoint_every: int = 0,
         base_params: GenerationParams = GenerationParams(),
         max_queue: int = DEFAULT_MAX_QUEUE,
     ) -> None:
-        """`ssd_store` is the tiers' SSD store (for its stats and for checkpoints); with
+        """`ssd` is the tiers' SSD store (for its stats and for checkpoints); with
         `checkpoint_every` > 0 a generation's state is written behind every so many tokens, and an
         identical request after a crash continues from it. `base_params` gives what a request does
         not (prefill chunk, compiled decode); at most `max_queue` requests wait behind the running one."""
@@ -95,13 +137,13 @@ class LocalEngine:
         self.max_queue = max_queue
         self.tiers = tiers
         self._identity = KvIdentity(binding.model_id, binding.tokenizer_hash, binding.config_fingerprint)
-        self._checkpoints = CheckpointWriter(ssd_store) if ssd_store is not None and checkpoint_every > 0 else None
-        self._ssd = ssd_store
+        self._checkpoints = CheckpointWriter(ssd) if ssd is not None and checkpoint_every > 0 else None
+        self._ssd = ssd
         self._checkpoint_every = checkpoint_every
         self.context_length = context_length or int(binding.config.get("max_position_embeddings") or 4096)
         self._generator = CachedGenerator(binding, tiers)
         self._queue: queue.Queue[_Job | None] = queue.Queue()
-        self._states: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._states: OrderedDict[str, GenerationStatus] = OrderedDict()
         self._lock = threading.Lock()
         self._worker = threading.Thread(target=self._run, name="mlxkv-engine", daemon=True)
         self._worker.start()
@@ -130,8 +172,7 @@ class LocalEngine:
         handle = _Handle(uuid.uuid4().hex[:24], len(prompt), asyncio.get_running_loop())
         key = request_key(self._identity, "", prompt, params, request.top_logprobs)
         job = _Job(handle, prompt, history_end, params, request.top_logprobs, key)
-        self._remember(handle.generation_id, {"id": handle.generation_id, "status": "queued", "created": time.time(),
-                                              "prompt_tokens": len(prompt)})
+        self._remember(GenerationStatus(handle.generation_id, time.time(), len(prompt)))
         self._queue.put(job)
         return handle
 
@@ -157,7 +198,7 @@ class LocalEngine:
     def generation_state(self, generation_id: str) -> Mapping[str, object] | None:
         with self._lock:
             state = self._states.get(generation_id)
-            return dict(state) if state is not None else None
+            return state.as_dict() if state is not None else None
 
     def close(self, timeout: float) -> None:
         """Cancel what waits in the queue, let the running generation end, flush the cache."""
@@ -198,17 +239,17 @@ class LocalEngine:
                 self._serve(job)
             except Exception as e:  # noqa: BLE001 - one failed generation must not stop the worker
                 log.exception("generation %s failed", job.handle.generation_id)
-                self._update(job, status="failed", error=str(e))
+                self._update(job, lambda s: s.fail(str(e)))
                 job.handle.push(Failed(job.handle.generation_id, f"{type(e).__name__}: {e}"))
         self.binding.release_thread_resources()
 
     def _serve(self, job: _Job) -> None:
         handle = job.handle
         if handle.cancelled.is_set():
-            self._update(job, status="cancelled")
+            self._update(job, GenerationStatus.cancel)
             handle.push(Finished("cancelled", None, len(job.prompt), 0, 0, 0, handle.generation_id, 0.0))
             return
-        self._update(job, status="running")
+        self._update(job, GenerationStatus.run)
         generation = self._start(job)
         first: float | None = None
         for delta in generation:
@@ -231,9 +272,7 @@ class LocalEngine:
         # usage counts those apart, so cached tokens never exceed the prompt.
         cached = min(result.cached_tokens, result.prompt_tokens)
         resumed = result.cached_tokens - cached
-        self._update(job, status=result.finish_reason if result.finish_reason == "cancelled" else "finished",
-                     finish_reason=result.finish_reason, completion_tokens=result.generated_tokens,
-                     cached_tokens=cached, seed=result.seed)
+        self._update(job, lambda s: s.finish(result.finish_reason, result.generated_tokens, cached, result.seed))
         handle.push(Finished(result.finish_reason, generation.stop_string, result.prompt_tokens, result.generated_tokens,
                              cached, result.seed, handle.generation_id, first or 0.0, resumed))
 
@@ -241,13 +280,13 @@ class LocalEngine:
         """A generation continuing this request's checkpoint if one is durable, else a new one."""
         on_checkpoint = (lambda state: self._save_checkpoint(job, state)) if self._checkpoints else None
         restored = self._ssd.load_checkpoint(job.key) if self._checkpoints and self._ssd else None
-        checkpoint = restored.generation_checkpoint if restored is not None else None
         job.trail = LogprobTrail(job.top_logprobs) if job.top_logprobs is not None else None
-        if restored is not None and checkpoint is not None and _fits(checkpoint, restored.tokens, job.prompt, job.trail):
+        if restored is not None and _fits(restored.checkpoint, restored.tokens, job.prompt, job.trail):
+            checkpoint = restored.checkpoint
             sampling = replace(job.params.sampling, seed=checkpoint.seed)
             if job.trail is not None and checkpoint.logprobs is not None:
                 job.trail = LogprobTrail(job.trail.top, (*checkpoint.generated_tokens, checkpoint.pending_token), checkpoint.logprobs)
-            self._update(job, resumed_tokens=len(checkpoint.generated_tokens))
+            self._update(job, lambda s: s.resume(len(checkpoint.generated_tokens)))
             return Generation(
                 self.binding, job.prompt, replace(job.params, sampling=sampling), caches=restored.caches,
                 resume=ResumePoint(checkpoint.generated_tokens, checkpoint.pending_token),
@@ -265,17 +304,19 @@ class LocalEngine:
             logprobs=job.trail.for_checkpoint(state) if job.trail is not None else None,
         )
         self._checkpoints.save(job.prompt + list(state.generated), state.caches, checkpoint)
-        self._update(job, checkpointed_tokens=len(state.generated))
+        self._update(job, lambda s: s.checkpoint(len(state.generated)))
 
-    def _remember(self, generation_id: str, state: dict[str, Any]) -> None:
+    def _remember(self, state: GenerationStatus) -> None:
         with self._lock:
-            self._states[generation_id] = state
+            self._states[state.id] = state
             while len(self._states) > KEEP_STATES:
                 self._states.popitem(last=False)
 
-    def _update(self, job: _Job, **changes: Any) -> None:
+    def _update(self, job: _Job, change: Callable[[GenerationStatus], None]) -> None:
         with self._lock:
-            self._states.get(job.handle.generation_id, {}).update(changes)
+            state = self._states.get(job.handle.generation_id)
+            if state is not None:
+                change(state)
 
 
 def _fits(checkpoint: GenerationCheckpoint, tokens: Sequence[int], prompt: list[int], trail: LogprobTrail | None) -> bool:
