@@ -148,7 +148,7 @@ class Generation:
             if self._cancelled:
                 self._stop("cancelled")
                 break
-            yield from self.accept(self._decoder(self.decode_input()) if self.needs_step else None)
+            yield from self.accept(self.decode_alone() if self.needs_step else None)
         yield from self.finish()
 
     def run(self) -> GenerationResult:
@@ -161,6 +161,10 @@ class Generation:
     def cancel(self) -> None:
         """Stop before the next token (from the thread driving this generation)."""
         self._cancelled = True
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
 
     # -- the phases a scheduler drives -------------------------------------------------------
     def start(self) -> list[TextDelta]:
@@ -201,8 +205,16 @@ class Generation:
         """Whether the next token comes from a decode step (not a resumed pending token)."""
         return not self.done and not self.prefilling and not (self._resume is not None and self._emitted == 0)
 
+    @property
+    def prefill_chunk(self) -> int:
+        return self._params.prefill_chunk
+
     def decode_input(self) -> mx.array:
         return self._run.decode_input()
+
+    def decode_alone(self) -> mx.array:
+        """(1, vocab) logits of feeding `decode_input()` through this generation's own graph."""
+        return self._decoder(self.decode_input())
 
     def accept(self, logits: mx.array | None) -> list[TextDelta]:
         """Take the next token: sampled from `logits` (1, vocab) of feeding `decode_input()`,

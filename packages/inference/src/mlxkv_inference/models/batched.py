@@ -37,10 +37,35 @@ def can_batch(model: nn.Module, config: dict[str, Any], caches: Sequence[Sequenc
     return not any(isinstance(c, RecurrentCache) for row in caches for c in row)
 
 
-def decode_batch(model: nn.Module, tokens: Sequence[int], caches: Sequence[Sequence[LayerCache]]) -> mx.array:
+def rows_invariant(model: nn.Module, max_rows: int) -> bool:
+    """Whether every matmul the batched step runs (each distinct kind and shape of projection,
+    and the head) gives each row of an M-row product, for M = 1..`max_rows`, bitwise what that
+    row gives alone. (The embedding is a gather, the norms and activations are row-wise.)"""
+    inner: Any = getattr(model, "model")
+    layer = inner.layers[0]
+    linears: dict[tuple[str, tuple[int, ...]], Any] = {}
+    for module in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+                   *_mlp_linears(layer.mlp), getattr(model, "lm_head", None)):
+        if module is not None:
+            linears.setdefault((type(module).__name__, tuple(module.weight.shape)), module)
+    heads: list[Any] = [*linears.values()]
+    if getattr(model, "lm_head", None) is None:
+        heads.append(inner.embed_tokens.as_linear)
+    for index, linear in enumerate(heads):
+        width = _input_width(linear, inner)
+        x = mx.random.normal((max_rows, 1, width), key=mx.random.key(index))
+        alone = [linear(x[r : r + 1]) for r in range(max_rows)]
+        for m in range(2, max_rows + 1):
+            stacked = linear(x[:m])
+            if not all(bool(mx.array_equal(stacked[r], alone[r][0]).item()) for r in range(m)):
+                return False
+    return True
+
+
+def decode_batch(model: nn.Module, tokens: mx.array, caches: Sequence[Sequence[LayerCache]]) -> mx.array:
     """(M, vocab) float32 logits for one token per row; row i feeds `tokens[i]` into `caches[i]`."""
     inner: Any = getattr(model, "model")
-    h: mx.array = inner.embed_tokens(mx.array(list(tokens))[:, None])
+    h: mx.array = inner.embed_tokens(tokens.reshape(-1, 1))
     for index, layer in enumerate(inner.layers):
         h = h + _attention(layer.self_attn, layer.input_layernorm(h), [row[index] for row in caches])
         h = h + layer.mlp(layer.post_attention_layernorm(h))
@@ -49,6 +74,18 @@ def decode_batch(model: nn.Module, tokens: Sequence[int], caches: Sequence[Seque
     logits: mx.array = inner.embed_tokens.as_linear(h) if head is None else head(h)
     logits = logits[:, -1, :]
     return logits if logits.dtype == mx.float32 else logits.astype(mx.float32)
+
+
+def _mlp_linears(mlp: Any) -> list[Any]:
+    return [getattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj") if hasattr(mlp, name)]
+
+
+def _input_width(linear: Any, inner: Any) -> int:
+    """Input features of a linear layer (quantized weights pack several values per uint32)."""
+    if not hasattr(linear, "weight"):  # the tied head: embeddings as a linear layer
+        return int(inner.embed_tokens.weight.shape[1] * (32 // getattr(inner.embed_tokens, "bits", 32)))
+    bits = getattr(linear, "bits", 32)
+    return int(linear.weight.shape[1] * (32 // bits))
 
 
 def _attention(attn: Any, x: mx.array, caches: list[LayerCache]) -> mx.array:
