@@ -16,7 +16,10 @@ from typing import Literal
 
 from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding, SamplingParams
 from mlxkv_inference.engine.cached_generation import CachedGenerator
-from mlxkv_inference.engine.generate import CheckpointState, Generation, ResumePoint
+from mlxkv_inference.engine.generate import CheckpointState, Generation, ResumePoint, TextDelta
+from mlxkv_inference.engine.scheduler import DEFAULT_MAX_BATCH, BatchScheduler
+
+__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_MAX_QUEUE", "GenerationStatus", "LocalEngine"]
 from mlxkv_inference.prompt_cache import TieredPromptCache
 from mlxkv_inference.tokenizer.chat import encode_chat
 from mlxkv_serve import Delta, Event, Failed, Finished, FlushResult, GenerateRequest, PromptTooLongError, QueueFullError, TokenLogprob
@@ -30,7 +33,7 @@ from mlxkv.progress import PrefillLog
 log = logging.getLogger(__name__)
 KEEP_STATES = 1000
 DEFAULT_MAX_QUEUE = 16
-RETRY_AFTER_S = 1  # a hint only: the queue drains one generation at a time
+RETRY_AFTER_S = 1  # a hint only: the queue drains as running generations end
 
 
 Status = Literal["queued", "running", "finished", "cancelled", "failed"]
@@ -114,6 +117,15 @@ class _Job:
     trail: LogprobTrail | None = None  # the logprobs sent so far, when the request asked for them
 
 
+@dataclass(slots=True)
+class _Active:
+    """A request the scheduler is running."""
+
+    job: _Job
+    generation: Generation
+    first: float | None = None  # seconds from submission to the first text
+
+
 class LocalEngine:
     def __init__(
         self,
@@ -125,11 +137,13 @@ class LocalEngine:
         checkpoint_every: int = 0,
         base_params: GenerationParams = GenerationParams(),
         max_queue: int = DEFAULT_MAX_QUEUE,
+        max_batch: int = DEFAULT_MAX_BATCH,
     ) -> None:
         """`ssd` is the tiers' SSD store (for its stats and for checkpoints); with
         `checkpoint_every` > 0 a generation's state is written behind every so many tokens, and an
         identical request after a crash continues from it. `base_params` gives what a request does
-        not (prefill chunk, compiled decode); at most `max_queue` requests wait behind the running one."""
+        not (prefill chunk, compiled decode); up to `max_batch` generations run together (each
+        token what it would be alone), and at most `max_queue` requests wait behind them."""
         if max_queue < 1:
             raise ValueError(f"max queue={max_queue} must be >= 1")
         self.binding = binding
@@ -142,6 +156,7 @@ class LocalEngine:
         self._checkpoint_every = checkpoint_every
         self.context_length = context_length or int(binding.config.get("max_position_embeddings") or 4096)
         self._generator = CachedGenerator(binding, tiers)
+        self._scheduler = BatchScheduler(binding, max_batch=max_batch, prefill_budget=base_params.prefill_chunk)
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._states: OrderedDict[str, GenerationStatus] = OrderedDict()
         self._lock = threading.Lock()
@@ -178,6 +193,9 @@ class LocalEngine:
 
     def queue_depth(self) -> int:
         return self._queue.qsize()
+
+    def batch_size(self) -> int:
+        return len(self._scheduler.running)
 
     def cache_stats(self) -> Mapping[str, int | float]:
         out: dict[str, int | float] = {}
@@ -234,35 +252,68 @@ class LocalEngine:
         return list(request.prompt_tokens), None
 
     def _run(self) -> None:
-        while (job := self._queue.get()) is not None:
-            try:
-                self._serve(job)
-            except Exception as e:  # noqa: BLE001 - one failed generation must not stop the worker
-                log.exception("generation %s failed", job.handle.generation_id)
-                self._update(job, lambda s: s.fail(str(e)))
-                job.handle.push(Failed(job.handle.generation_id, f"{type(e).__name__}: {e}"))
+        """The scheduler loop: admit waiting requests while the batch has room, then step."""
+        active: dict[int, _Active] = {}
+        closing = False
+        while active or not closing:
+            while not closing and self._scheduler.has_room:
+                try:
+                    job = self._queue.get(block=not active)
+                except queue.Empty:
+                    break
+                if job is None:
+                    closing = True  # close(): what is running ends, nothing new is admitted
+                elif (started := self._admit(job)) is not None:
+                    active[id(started.generation)] = started
+            for entry in active.values():
+                if entry.job.handle.cancelled.is_set():
+                    entry.generation.cancel()
+            for outcome in self._scheduler.step():
+                entry = active[id(outcome.generation)]
+                self._push(entry, outcome.deltas, with_logprobs=True)
+                if outcome.error is not None:
+                    del active[id(outcome.generation)]
+                    self._fail(entry.job, outcome.error)
+                elif outcome.finished:
+                    del active[id(outcome.generation)]
+                    self._push(entry, outcome.tail, with_logprobs=False)  # its tokens were answered already
+                    self._finish(entry)
         self.binding.release_thread_resources()
 
-    def _serve(self, job: _Job) -> None:
+    def _admit(self, job: _Job) -> _Active | None:
+        """Start a request in the scheduler (None when it was cancelled while it waited, or failed)."""
         handle = job.handle
         if handle.cancelled.is_set():
             self._update(job, GenerationStatus.cancel)
             handle.push(Finished("cancelled", None, len(job.prompt), 0, 0, 0, handle.generation_id, 0.0))
-            return
+            return None
         self._update(job, GenerationStatus.run)
-        generation = self._start(job)
-        first: float | None = None
-        for delta in generation:
-            if first is None:
-                first = time.perf_counter() - job.submitted  # queueing included, as a client sees it
-            if handle.cancelled.is_set():
-                generation.cancel()
-            # The held-back tail gets no logprobs: its token was answered with the delta it came in.
+        try:
+            entry = _Active(job, self._start(job))
+            self._push(entry, self._scheduler.add(entry.generation), with_logprobs=True)
+        except Exception as e:  # noqa: BLE001 - one failed generation must not stop the worker
+            self._fail(job, e)
+            return None
+        return entry
+
+    def _push(self, entry: _Active, deltas: Sequence[TextDelta], *, with_logprobs: bool) -> None:
+        job = entry.job
+        for delta in deltas:
+            if entry.first is None:
+                entry.first = time.perf_counter() - job.submitted  # queueing included, as a client sees it
             logprobs: tuple[TokenLogprob, ...] = ()
-            if job.trail is not None and generation.result is None:
+            if job.trail is not None and with_logprobs:
                 logprobs = (render(self.binding.tokenizer, *job.trail.next(delta.step)),)
             if delta.text or logprobs:
-                handle.push(Delta(delta.text, logprobs))
+                job.handle.push(Delta(delta.text, logprobs))
+
+    def _fail(self, job: _Job, error: Exception) -> None:
+        log.error("generation %s failed", job.handle.generation_id, exc_info=error)
+        self._update(job, lambda s: s.fail(str(error)))
+        job.handle.push(Failed(job.handle.generation_id, f"{type(error).__name__}: {error}"))
+
+    def _finish(self, entry: _Active) -> None:
+        job, generation = entry.job, entry.generation
         self._generator.settle(generation)
         result = generation.result
         assert result is not None
@@ -273,8 +324,8 @@ class LocalEngine:
         cached = min(result.cached_tokens, result.prompt_tokens)
         resumed = result.cached_tokens - cached
         self._update(job, lambda s: s.finish(result.finish_reason, result.generated_tokens, cached, result.seed))
-        handle.push(Finished(result.finish_reason, generation.stop_string, result.prompt_tokens, result.generated_tokens,
-                             cached, result.seed, handle.generation_id, first or 0.0, resumed))
+        job.handle.push(Finished(result.finish_reason, generation.stop_string, result.prompt_tokens, result.generated_tokens,
+                                 cached, result.seed, job.handle.generation_id, entry.first or 0.0, resumed))
 
     def _start(self, job: _Job) -> Generation:
         """A generation continuing this request's checkpoint if one is durable, else a new one."""
@@ -287,9 +338,9 @@ class LocalEngine:
             if job.trail is not None and checkpoint.logprobs is not None:
                 job.trail = LogprobTrail(job.trail.top, (*checkpoint.generated_tokens, checkpoint.pending_token), checkpoint.logprobs)
             self._update(job, lambda s: s.resume(len(checkpoint.generated_tokens)))
-            return Generation(
-                self.binding, job.prompt, replace(job.params, sampling=sampling), caches=restored.caches,
-                resume=ResumePoint(checkpoint.generated_tokens, checkpoint.pending_token),
+            return self._generator.start(
+                job.prompt, replace(job.params, sampling=sampling),
+                resume=(restored.caches, ResumePoint(checkpoint.generated_tokens, checkpoint.pending_token)),
                 checkpoint_every=self._checkpoint_every, on_checkpoint=on_checkpoint,
             )
         return self._generator.start(job.prompt, job.params, history_end=job.history_end,

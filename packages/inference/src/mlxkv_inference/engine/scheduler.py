@@ -12,7 +12,6 @@ its own graph inside the same step: slower, still exact.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,19 +20,20 @@ import mlx.core as mx
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
 from mlxkv_inference.engine.generate import Generation, TextDelta
 
-log = logging.getLogger(__name__)
 DEFAULT_MAX_BATCH = 8
 
 
 @dataclass(frozen=True, slots=True)
 class StepOutcome:
-    """What one step did for one generation: its new text, and whether it ended (its `result`
-    is then set) or failed (`error`; the generation is dropped)."""
+    """What one step did for one generation: its new text (one delta per token), and whether it
+    ended (its `result` is then set, and `tail` holds the text held back until the end) or failed
+    (`error`; the generation is dropped)."""
 
     generation: Generation
     deltas: tuple[TextDelta, ...]
     finished: bool
     error: Exception | None = None
+    tail: tuple[TextDelta, ...] = ()
 
 
 class BatchScheduler:
@@ -81,7 +81,7 @@ class BatchScheduler:
             if outcome is None:
                 continue
             if outcome.error is None and (generation.done or outcome.finished):
-                outcome = StepOutcome(generation, outcome.deltas + tuple(generation.finish()), True)
+                outcome = StepOutcome(generation, outcome.deltas, True, tail=tuple(generation.finish()))
             if outcome.finished or outcome.error is not None:
                 self.running.remove(generation)
             result.append(outcome)
@@ -97,7 +97,6 @@ class BatchScheduler:
             try:  # one whole chunk: the chunk boundaries stay those of the generation alone
                 budget -= generation.prefill(generation.prefill_chunk)
             except Exception as e:  # noqa: BLE001 - one failed generation must not stop the others
-                log.exception("prefill failed")
                 outcomes[id(generation)] = StepOutcome(generation, (), False, e)
 
     def _decode(self, ready: Sequence[Generation], outcomes: dict[int, StepOutcome]) -> None:
@@ -111,7 +110,6 @@ class BatchScheduler:
             try:
                 deltas = generation.accept(generation.decode_alone())
             except Exception as e:  # noqa: BLE001 - one failed generation must not stop the others
-                log.exception("decode failed")
                 outcomes[id(generation)] = StepOutcome(generation, (), False, e)
             else:
                 outcomes[id(generation)] = StepOutcome(generation, tuple(deltas), False)
@@ -122,7 +120,6 @@ class BatchScheduler:
             logits = self.binding.decode_batch(tokens, [g.caches for g in stepping])
             rows = [generation.accept(logits[r : r + 1]) for r, generation in enumerate(stepping)]
         except Exception as e:  # noqa: BLE001 - the rows shared the step: each of them failed
-            log.exception("batched decode failed")
             for generation in stepping:
                 outcomes[id(generation)] = StepOutcome(generation, (), False, e)
             return
