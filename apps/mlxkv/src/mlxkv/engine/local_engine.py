@@ -197,6 +197,11 @@ class LocalEngine:
     def batch_size(self) -> int:
         return len(self._scheduler.running)
 
+    @property
+    def batched_steps(self) -> int:
+        """Decode steps that ran several generations' rows stacked."""
+        return self._scheduler.batched_steps
+
     def cache_stats(self) -> Mapping[str, int | float]:
         out: dict[str, int | float] = {}
         if self.tiers is not None:
