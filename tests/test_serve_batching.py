@@ -4,14 +4,20 @@ decode, some cancelled mid-way) each get exactly the tokens and logprobs they ge
 from __future__ import annotations
 
 import asyncio
+import threading
+from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
 
+from mlxkv.engine.cache_services import SsdColdTier, open_cold_tier
 from mlxkv.engine.local_engine import LocalEngine
 from mlxkv_inference import GenerationParams
+from mlxkv_inference.prompt_cache import ColdHit, ColdRestored, TieredPromptCache
 from mlxkv_serve import Delta, Finished, GenerateRequest, Sampling
+from mlxkv_ssd_cache import SsdCacheStore
 from tests.bindings import GatedBinding
-from tests.factories import make_prompt, make_tiny_binding
+from tests.factories import EOS_ID, make_prompt, make_tiny_binding
 
 Answer = tuple[list[tuple[str, float]], str, int]  # (token, logprob) per token, finish reason, completion tokens
 CANCEL_AFTER = {2: 3, 4: 4}  # request index -> cancelled after this many deltas
@@ -85,3 +91,62 @@ def test_staggered_requests_in_one_batch_answer_as_they_do_alone(kind: str) -> N
         else:
             assert answer_ == reference
     assert (batched > 0) == (kind == "llama")  # qwen3_next's recurrent layers decode a graph per row
+
+
+class GatedColdTier(SsdColdTier):
+    """The real SSD tier, whose reads for the prompt cache are handed over only once the test opens the gate."""
+
+    def __init__(self, store: SsdCacheStore) -> None:
+        super().__init__(store)
+        self.gate = threading.Event()
+        self.reads = 0
+
+    def restore_async(self, hit: ColdHit) -> Future[ColdRestored | None]:
+        self.reads += 1
+        inner = super().restore_async(hit)
+        held: Future[ColdRestored | None] = Future()
+
+        def relay() -> None:
+            self.gate.wait(60)
+            held.set_result(inner.result())
+
+        threading.Thread(target=relay, daemon=True).start()
+        return held
+
+
+async def decode_while_a_read_waits(engine: LocalEngine, cold: GatedColdTier, cached_prompt: list[int]) -> tuple[int, Finished]:
+    """A long generation runs; a request whose prefix is on the SSD arrives; the long one keeps
+    getting tokens while that read is held. Returns (tokens the long one got meanwhile, the other's end)."""
+    long_request = GenerateRequest(max_tokens=400, prompt_tokens=tuple(make_prompt(6, seed=50)),
+                                   sampling=Sampling(temperature=0, logit_bias={EOS_ID: -100.0}))
+    running = engine.submit(long_request)
+    events = running.events()
+    assert isinstance(await anext(events), Delta)
+    waiting = engine.submit(GenerateRequest(max_tokens=4, prompt_tokens=tuple(cached_prompt + [7, 8]), sampling=Sampling(temperature=0)))
+    meanwhile = 0
+    while meanwhile < 20:  # with the read held, the worker keeps decoding the long generation
+        assert isinstance(await anext(events), Delta)
+        meanwhile += 1
+    assert cold.reads == 1 and engine.batch_size() == 1
+    cold.gate.set()
+    async for event in waiting.events():
+        if isinstance(event, Finished):
+            running.cancel()
+            return meanwhile, event
+    raise AssertionError(f"the request failed: {event}")
+
+
+def test_a_prompt_cache_read_from_the_ssd_does_not_stop_the_others_decoding(tmp_path: Path) -> None:
+    binding = make_tiny_binding("llama")
+    cold = GatedColdTier(open_cold_tier(binding, tmp_path, 1 << 30).ssd)
+    tiers = TieredPromptCache(1, cold)  # RAM holds nothing: every prefix comes back from the SSD
+    engine = LocalEngine(binding, tiers, ssd=cold, max_batch=8)
+    cached_prompt = make_prompt(40, seed=51)
+    try:
+        first = asyncio.run(answer(engine, GenerateRequest(max_tokens=2, prompt_tokens=tuple(cached_prompt), sampling=Sampling(temperature=0))))
+        assert first[1] == "length" and engine.flush(30).durable
+        meanwhile, finished = asyncio.run(decode_while_a_read_waits(engine, cold, cached_prompt))
+    finally:
+        engine.close(30)
+    assert meanwhile == 20 and finished.finish_reason == "length"
+    assert finished.cached_tokens >= len(cached_prompt) - 1 and tiers.stats().ssd_hits == 1

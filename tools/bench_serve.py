@@ -1,6 +1,6 @@
 """Continuous batching: aggregate decode tok/s and TTFT p50/p99 with 1, 2, 4 and 8 concurrent
 streaming clients, `mlxkv serve --max-batch 8` against `--max-batch 1`, in one run (no prompt
-cache, greedy, distinct prompts). Run: `uv run python tools/bench_serve.py`.
+cache, greedy, distinct prompts). Run: `uv run python -m tools.bench_serve`.
 
 `--overhead`: HTTP overhead instead: time to first token and decode tokens/s over `mlxkv serve`
 vs in-process, on the same greedy prompts; then 4 concurrent streaming clients.

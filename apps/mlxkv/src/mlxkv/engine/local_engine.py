@@ -9,6 +9,7 @@ import queue
 import threading
 import time
 import uuid
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -20,7 +21,7 @@ from mlxkv_inference.engine.generate import CheckpointState, Generation, ResumeP
 from mlxkv_inference.engine.scheduler import DEFAULT_MAX_BATCH, BatchScheduler
 
 __all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_MAX_QUEUE", "GenerationStatus", "LocalEngine"]
-from mlxkv_inference.prompt_cache import TieredPromptCache
+from mlxkv_inference.prompt_cache import ColdRestored, TieredPromptCache
 from mlxkv_inference.tokenizer.chat import encode_chat
 from mlxkv_serve import Delta, Event, Failed, Finished, FlushResult, GenerateRequest, PromptTooLongError, QueueFullError, TokenLogprob
 from mlxkv_ssd_cache import KvIdentity
@@ -33,6 +34,7 @@ from mlxkv.progress import PrefillLog
 log = logging.getLogger(__name__)
 KEEP_STATES = 1000
 DEFAULT_MAX_QUEUE = 16
+READ_POLL_S = 0.05  # how long an idle worker waits on SSD reads before it looks at the queue again
 RETRY_AFTER_S = 1  # a hint only: the queue drains as running generations end
 
 
@@ -257,35 +259,56 @@ class LocalEngine:
         return list(request.prompt_tokens), None
 
     def _run(self) -> None:
-        """The scheduler loop: admit waiting requests while the batch has room, then step."""
+        """The scheduler loop: admit waiting requests while the batch has room (a prompt whose
+        prefix is on the SSD joins once its read, done off this thread, is in), then step."""
         active: dict[int, _Active] = {}
+        reading: list[tuple[_Job, Future[ColdRestored | None]]] = []
         closing = False
-        while active or not closing:
-            while not closing and self._scheduler.has_room:
+        while active or reading or not closing:
+            while not closing and len(active) + len(reading) < self._scheduler.max_batch:
                 try:
-                    job = self._queue.get(block=not active)
+                    job = self._queue.get(block=not active and not reading)
                 except queue.Empty:
                     break
                 if job is None:
                     closing = True  # close(): what is running ends, nothing new is admitted
+                elif (read := self._read_ahead(job)) is not None:
+                    reading.append((job, read))
                 elif (started := self._admit(job)) is not None:
                     active[id(started.generation)] = started
-            for entry in active.values():
-                if entry.job.handle.cancelled.is_set():
-                    entry.generation.cancel()
-            for outcome in self._scheduler.step():
-                entry = active[id(outcome.generation)]
-                self._push(entry, outcome.deltas, with_logprobs=True)
-                if outcome.error is not None:
-                    del active[id(outcome.generation)]
-                    self._fail(entry.job, outcome.error)
-                elif outcome.finished:
-                    del active[id(outcome.generation)]
-                    self._push(entry, outcome.tail, with_logprobs=False)  # its tokens were answered already
-                    self._finish(entry)
+            for job, read in [r for r in reading if r[1].done()]:
+                reading.remove((job, read))
+                if (started := self._admit(job, _read_result(read))) is not None:
+                    active[id(started.generation)] = started
+            if not active:
+                wait([read for _, read in reading], READ_POLL_S, FIRST_COMPLETED)
+                continue
+            self._step(active)
         self.binding.release_thread_resources()
 
-    def _admit(self, job: _Job) -> _Active | None:
+    def _step(self, active: dict[int, _Active]) -> None:
+        for entry in active.values():
+            if entry.job.handle.cancelled.is_set():
+                entry.generation.cancel()
+        for outcome in self._scheduler.step():
+            entry = active[id(outcome.generation)]
+            self._push(entry, outcome.deltas, with_logprobs=True)
+            if outcome.error is not None:
+                del active[id(outcome.generation)]
+                self._fail(entry.job, outcome.error)
+            elif outcome.finished:
+                del active[id(outcome.generation)]
+                self._push(entry, outcome.tail, with_logprobs=False)  # its tokens were answered already
+                self._finish(entry)
+
+    def _read_ahead(self, job: _Job) -> Future[ColdRestored | None] | None:
+        """Start reading the SSD prefix of a request's prompt, when one is longer than RAM's."""
+        if self.tiers is None or job.handle.cancelled.is_set():
+            return None
+        hit = self.tiers.cold_hit(job.prompt, "")
+        return self.tiers.read_cold(hit) if hit is not None else None
+
+    def _admit(self, job: _Job, read: ColdRestored | None = None) -> _Active | None:
         """Start a request in the scheduler (None when it was cancelled while it waited, or failed)."""
         handle = job.handle
         if handle.cancelled.is_set():
@@ -294,7 +317,7 @@ class LocalEngine:
             return None
         self._update(job, GenerationStatus.run)
         try:
-            entry = _Active(job, self._start(job))
+            entry = _Active(job, self._start(job, read))
             self._push(entry, self._scheduler.add(entry.generation), with_logprobs=True)
         except Exception as e:  # noqa: BLE001 - one failed generation must not stop the worker
             self._fail(job, e)
@@ -332,7 +355,7 @@ class LocalEngine:
         job.handle.push(Finished(result.finish_reason, generation.stop_string, result.prompt_tokens, result.generated_tokens,
                                  cached, result.seed, job.handle.generation_id, entry.first or 0.0, resumed))
 
-    def _start(self, job: _Job) -> Generation:
+    def _start(self, job: _Job, read: ColdRestored | None) -> Generation:
         """A generation continuing this request's checkpoint if one is durable, else a new one."""
         on_checkpoint = (lambda state: self._save_checkpoint(job, state)) if self._checkpoints else None
         restored = self._ssd.load_checkpoint(job.key) if self._checkpoints and self._ssd else None
@@ -348,7 +371,7 @@ class LocalEngine:
                 resume=(restored.caches, ResumePoint(checkpoint.generated_tokens, checkpoint.pending_token)),
                 checkpoint_every=self._checkpoint_every, on_checkpoint=on_checkpoint,
             )
-        return self._generator.start(job.prompt, job.params, history_end=job.history_end,
+        return self._generator.start(job.prompt, job.params, history_end=job.history_end, read=read,
                                      checkpoint_every=self._checkpoint_every, on_checkpoint=on_checkpoint,
                                      on_prefill_progress=PrefillLog(f"generation {job.handle.generation_id}"))
 
@@ -373,6 +396,14 @@ class LocalEngine:
             state = self._states.get(job.handle.generation_id)
             if state is not None:
                 change(state)
+
+
+def _read_result(read: Future[ColdRestored | None]) -> ColdRestored | None:
+    error = read.exception()
+    if error is not None:  # the read failed: the prompt is served from RAM or prefilled
+        log.warning("prompt cache read failed: %s: %s", type(error).__name__, error)
+        return None
+    return read.result()
 
 
 def _fits(checkpoint: GenerationCheckpoint, tokens: Sequence[int], prompt: list[int], trail: LogprobTrail | None) -> bool:

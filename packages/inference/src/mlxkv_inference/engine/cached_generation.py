@@ -10,6 +10,7 @@ from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.reuse import all_trimmable
 from mlxkv_inference.engine.generate import CheckpointState, Generation, GenerationParams, ResumePoint
 from mlxkv_inference.engine.loop import PrefillProgress
+from mlxkv_inference.prompt_cache.cold_tier import ColdRestored
 from mlxkv_inference.prompt_cache.tiered import Fetched, TieredPromptCache
 
 
@@ -28,6 +29,7 @@ class CachedGenerator:
         *,
         history_end: int | None = None,
         resume: tuple[list[LayerCache], ResumePoint] | None = None,
+        read: ColdRestored | None = None,
         checkpoint_every: int = 0,
         on_checkpoint: Callable[[CheckpointState], None] | None = None,
         on_prefill_progress: PrefillProgress | None = None,
@@ -39,12 +41,13 @@ class CachedGenerator:
         even when sliding-window or recurrent layers make the caches untrimmable.
 
         With `resume` (a checkpoint's caches and where it stood) the generation continues from
-        there instead: nothing is fetched or prefilled.
+        there instead: nothing is fetched or prefilled. `read`: the cold tier's prefix of `prompt`,
+        read ahead off this thread (`TieredPromptCache.read_cold`).
         """
         if resume is not None:
             return Generation(self.binding, prompt, params, caches=resume[0], resume=resume[1],
                               checkpoint_every=checkpoint_every, on_checkpoint=on_checkpoint)
-        fetched = self.tiers.fetch(prompt, ns) if self.tiers is not None else Fetched(None, 0, None)
+        fetched = self.tiers.fetch(prompt, ns, read) if self.tiers is not None else Fetched(None, 0, None)
         points = [len(prompt) - 1] + ([history_end] if history_end is not None else [])
         return Generation(
             self.binding, prompt, params, caches=fetched.caches,
