@@ -150,3 +150,32 @@ def test_a_prompt_cache_read_from_the_ssd_does_not_stop_the_others_decoding(tmp_
         engine.close(30)
     assert meanwhile == 20 and finished.finish_reason == "length"
     assert finished.cached_tokens >= len(cached_prompt) - 1 and tiers.stats().ssd_hits == 1
+
+
+async def four_queued(engine: LocalEngine, binding: GatedBinding, reqs: list[GenerateRequest]) -> list[Answer]:
+    tasks = [asyncio.create_task(answer(engine, reqs[0]))]
+    await asyncio.to_thread(binding.entered.wait, 30)
+    tasks += [asyncio.create_task(answer(engine, r)) for r in reqs[1:]]
+    await asyncio.sleep(0)  # all of them wait while the first prefills
+    binding.gate.set()
+    return list(await asyncio.gather(*tasks))
+
+
+def test_requests_past_the_kv_budget_wait_for_room_and_answer_as_alone() -> None:
+    reqs = [GenerateRequest(max_tokens=10, prompt_tokens=tuple(make_prompt(10, seed=60 + i)), top_logprobs=0,
+                            sampling=Sampling(temperature=0)) for i in range(4)]
+    alone_engine = LocalEngine(make_tiny_binding("llama", seed=2), None, max_batch=1)
+    try:
+        expected = [asyncio.run(answer(alone_engine, r)) for r in reqs]
+    finally:
+        alone_engine.close(30)
+    binding = make_tiny_binding("llama", seed=2, binding_class=GatedBinding)
+    assert isinstance(binding, GatedBinding)
+    per_token = 2 * 2 * 2 * 16 * 4  # layers x (keys, values) x KV heads x head dim x float32
+    engine = LocalEngine(binding, None, max_batch=8, max_batch_kv_bytes=2 * 20 * per_token)  # room for two of them
+    try:
+        got = asyncio.run(four_queued(engine, binding, reqs))
+        largest = engine.largest_batch
+    finally:
+        engine.close(30)
+    assert got == expected and largest == 2

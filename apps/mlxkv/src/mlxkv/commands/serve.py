@@ -55,6 +55,9 @@ def register(sub: Any) -> None:
     parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, metavar="N",
                         help="most generations decoded together, each token exactly what it would be alone "
                         f"(default: {DEFAULT_MAX_BATCH}; 1 runs one generation at a time)")
+    parser.add_argument("--max-batch-kv", type=parse_size, default=0, metavar="SIZE",
+                        help="KV memory the running generations may plan for (prompt + max_tokens each); a request "
+                        "that would pass it waits (default: no limit; a request alone always runs)")
     parser.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S, metavar="SECONDS",
                         help="close a connection whose request (headers and body) is not fully read within this time "
                         f"(default: {DEFAULT_REQUEST_TIMEOUT_S:.0f})")
@@ -119,7 +122,8 @@ def build_engine(args: argparse.Namespace, binding: MlxAutoregressiveBinding) ->
     tiers, cold = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max)
     return LocalEngine(binding, tiers, ssd=cold,
                        checkpoint_every=args.generation_checkpoint, base_params=base_params_from(args),
-                       max_queue=args.max_queue, max_batch=args.max_batch)
+                       max_queue=args.max_queue, max_batch=args.max_batch,
+                       max_batch_kv_bytes=args.max_batch_kv)
 
 
 class GracefulServer(uvicorn.Server):

@@ -140,14 +140,22 @@ class LocalEngine:
         base_params: GenerationParams = GenerationParams(),
         max_queue: int = DEFAULT_MAX_QUEUE,
         max_batch: int = DEFAULT_MAX_BATCH,
+        max_batch_kv_bytes: int = 0,
     ) -> None:
         """`ssd` is the tiers' SSD store (for its stats and for checkpoints); with
         `checkpoint_every` > 0 a generation's state is written behind every so many tokens, and an
         identical request after a crash continues from it. `base_params` gives what a request does
         not (prefill chunk, compiled decode); up to `max_batch` generations run together (each
-        token what it would be alone), and at most `max_queue` requests wait behind them."""
+        token what it would be alone), as long as their KV (prompt and max_tokens, at the model's
+        bytes a token) fits in `max_batch_kv_bytes` (0: no limit; a request alone always runs),
+        and at most `max_queue` requests wait behind them."""
         if max_queue < 1:
             raise ValueError(f"max queue={max_queue} must be >= 1")
+        if max_batch_kv_bytes < 0:
+            raise ValueError(f"max batch KV bytes={max_batch_kv_bytes} must be >= 0 (0: no limit)")
+        self.max_batch_kv_bytes = max_batch_kv_bytes
+        self._kv_bytes_per_token = 0  # learned from the first generation's caches
+        self._held: _Job | None = None  # admitted next, once the running generations' KV leaves room
         self.binding = binding
         self.base_params = base_params
         self.max_queue = max_queue
@@ -198,6 +206,11 @@ class LocalEngine:
 
     def batch_size(self) -> int:
         return len(self._scheduler.running)
+
+    @property
+    def largest_batch(self) -> int:
+        """The most generations one step has run."""
+        return self._scheduler.largest_batch
 
     @property
     def batched_steps(self) -> int:
@@ -267,8 +280,13 @@ class LocalEngine:
         while active or reading or not closing:
             while not closing and len(active) + len(reading) < self._scheduler.max_batch:
                 try:
-                    job = self._queue.get(block=not active and not reading)
+                    job = self._held or self._queue.get(block=not active and not reading)
                 except queue.Empty:
+                    break
+                self._held = None
+                if job is not None and (active or reading) and not self._kv_fits(job, [e.job for e in active.values()]
+                                                                                 + [j for j, _ in reading]):
+                    self._held = job
                     break
                 if job is None:
                     closing = True  # close(): what is running ends, nothing new is admitted
@@ -284,7 +302,18 @@ class LocalEngine:
                 wait([read for _, read in reading], READ_POLL_S, FIRST_COMPLETED)
                 continue
             self._step(active)
+        if self._held is not None:  # waited for KV room when close() came: it ends cancelled
+            self._held.handle.cancel()
+            self._admit(self._held)
         self.binding.release_thread_resources()
+
+    def _kv_fits(self, job: _Job, running: list[_Job]) -> bool:
+        """Whether `job` joins the running generations within the KV budget (their prompts and
+        max_tokens at the model's KV bytes a token)."""
+        if not self.max_batch_kv_bytes or not self._kv_bytes_per_token:
+            return True
+        tokens = sum(len(j.prompt) + j.params.max_tokens for j in [*running, job])
+        return tokens * self._kv_bytes_per_token <= self.max_batch_kv_bytes
 
     def _step(self, active: dict[int, _Active]) -> None:
         for entry in active.values():
@@ -292,6 +321,8 @@ class LocalEngine:
                 entry.generation.cancel()
         for outcome in self._scheduler.step():
             entry = active[id(outcome.generation)]
+            if not self._kv_bytes_per_token:
+                self._kv_bytes_per_token = sum(c.bytes_per_token() for c in entry.generation.caches)
             self._push(entry, outcome.deltas, with_logprobs=True)
             if outcome.error is not None:
                 del active[id(outcome.generation)]

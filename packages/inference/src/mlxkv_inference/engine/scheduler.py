@@ -50,6 +50,7 @@ class BatchScheduler:
         self.prefill_budget = prefill_budget
         self.running: list[Generation] = []
         self.batched_steps = 0  # decode steps that ran stacked rows (the others ran a graph per row)
+        self.largest_batch = 0  # the most generations one step has run
 
     @property
     def has_room(self) -> bool:
@@ -65,6 +66,7 @@ class BatchScheduler:
 
     def step(self) -> list[StepOutcome]:
         """One scheduler step over the running generations (see the module docstring)."""
+        self.largest_batch = max(self.largest_batch, len(self.running))
         outcomes: dict[int, StepOutcome] = {}
         for generation in self.running:
             if generation.cancelled and not generation.done:  # also mid-prefill: finish() ends it cancelled
