@@ -146,3 +146,25 @@ def test_embedded_model_batch_gives_every_sequence_its_tokens_alone(embedded: Ml
     scheduler = BatchScheduler(embedded, max_batch=4)
     assert scheduled(scheduler, embedded, specs) == alone(embedded, specs)
     assert scheduler.batched_steps > 0
+
+
+def test_a_short_prompt_gets_its_first_token_while_a_long_one_still_prefills() -> None:
+    binding = tiny("llama", False)
+    params = GenerationParams(max_tokens=4, prefill_chunk=8, ignore_eos=True)
+    long, short = Generation(binding, make_prompt(200, seed=1), params), Generation(binding, make_prompt(6, seed=2), params)
+    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=8)  # one chunk a step
+    scheduler.add(long)
+    scheduler.step()
+    scheduler.add(short)
+    first_token_at = None
+    for step in range(1, 30):
+        outcomes = {id(o.generation): o for o in scheduler.step()}
+        if id(short) in outcomes and any(d.step is not None for d in outcomes[id(short)].deltas):
+            first_token_at = step
+            break
+    assert first_token_at is not None and first_token_at <= 2 and long.prefilling
+    while scheduler.running:
+        scheduler.step()
+    assert long.result is not None and short.result is not None
+    assert (long.result.token_ids, short.result.token_ids) == tuple(
+        Generation(binding, g.prompt, params).run().token_ids for g in (long, short))

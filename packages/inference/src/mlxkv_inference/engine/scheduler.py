@@ -51,6 +51,8 @@ class BatchScheduler:
         self.running: list[Generation] = []
         self.batched_steps = 0  # decode steps that ran stacked rows (the others ran a graph per row)
         self.largest_batch = 0  # the most generations one step has run
+        self._steps = 0
+        self._prefilled_at: dict[int, int] = {}  # generation -> when it last got a prefill chunk
 
     @property
     def has_room(self) -> bool:
@@ -86,16 +88,20 @@ class BatchScheduler:
                 outcome = StepOutcome(generation, outcome.deltas, True, tail=tuple(generation.finish()))
             if outcome.finished or outcome.error is not None:
                 self.running.remove(generation)
+                self._prefilled_at.pop(id(generation), None)
             result.append(outcome)
         return result
 
     def _prefill(self, outcomes: dict[int, StepOutcome]) -> None:
+        """Chunks for the prefilling generations, the one served longest ago first, so a short
+        prompt arriving behind a long one is not held until the long one has prefilled."""
         budget = self.prefill_budget
-        for generation in self.running:
+        waiting = [g for g in self.running if id(g) not in outcomes and g.prefilling]
+        for generation in sorted(waiting, key=lambda g: self._prefilled_at.get(id(g), -1)):
             if budget <= 0:
                 break
-            if id(generation) in outcomes or not generation.prefilling:
-                continue
+            self._steps += 1
+            self._prefilled_at[id(generation)] = self._steps
             try:  # one whole chunk: the chunk boundaries stay those of the generation alone
                 budget -= generation.prefill(generation.prefill_chunk)
             except Exception as e:  # noqa: BLE001 - one failed generation must not stop the others
