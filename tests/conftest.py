@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 
 import pytest
@@ -15,5 +16,17 @@ from mlxkv_inference import MlxAutoregressiveBinding, load_binding
 
 @pytest.fixture(scope="session")
 def embedded() -> MlxAutoregressiveBinding:
-    """The real embedded SmolLM2-135M-Instruct model (tests using it are named `..._embedded_...`)."""
-    return load_binding()
+    """The real embedded SmolLM2-135M-Instruct model (tests using it are named `..._embedded_...`).
+
+    On MLX's own kernels (`cpu_kernels="mlx"`): the tests comparing with mlx-lm token for token
+    are about that path. `embedded_native` is the same model on the native kernels.
+    """
+    return load_binding(cpu_kernels="mlx")
+
+
+@pytest.fixture(scope="session")
+def embedded_native() -> MlxAutoregressiveBinding:
+    """The embedded model on mlxkv-cpu-kernels' native quantized matmul (Linux only)."""
+    if sys.platform != "linux":
+        pytest.skip("the native CPU kernels are Linux-only")
+    return load_binding(cpu_kernels="native")

@@ -11,6 +11,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from mlxkv_inference import KvScheme, Message, MlxAutoregressiveBinding
 from mlxkv_inference.cache.kv import PlainKVCache
+from mlxkv_inference.tokenizer.chat_template import render_chat_template
 from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxkv_inference._mlx_lm import build_model, eval_parameters
@@ -94,12 +95,44 @@ class ByteTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._tok.decode([i for i in ids if i <= EOS_ID], skip_special_tokens=False))
 
-    def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tools: Sequence[Message] | None = None
+    ) -> str:
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 
     def content_hash(self) -> str:
         return hashlib.sha256(self._tok.to_str().encode()).hexdigest()
+
+
+# Qwen2.5's tool-calling layout (Hermes `<tool_call>` JSON), cut down to what the tests exercise.
+QWEN_TOOLS_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n{{ messages[0].content if messages[0].role == 'system' else 'You are helpful.' }}"
+    "\n\n# Tools\n\n<tools>{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:"
+    "\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
+    "{%- elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{%- endif %}"
+    "{%- for m in messages %}{%- if m.role == 'system' %}"
+    "{%- elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{%- elif m.tool_calls %}<|im_start|>assistant\n{{ m.content }}{% for tc in m.tool_calls %}\n<tool_call>\n"
+    "{\"name\": \"{{ tc.function.name }}\", \"arguments\": {{ tc.function.arguments | tojson }}}\n</tool_call>{% endfor %}"
+    "<|im_end|>\n"
+    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+class QwenStyleByteTokenizer(ByteTokenizer):
+    """The byte tokenizer with a chat template that takes `tools` (Qwen/Hermes style)."""
+
+    def apply_chat_template(
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tools: Sequence[Message] | None = None
+    ) -> str:
+        return render_chat_template(QWEN_TOOLS_TEMPLATE, messages, add_generation_prompt=add_generation_prompt,
+                                    tools=[dict(t) for t in tools] if tools else None)
+
+    def content_hash(self) -> str:
+        return hashlib.sha256((super().content_hash() + QWEN_TOOLS_TEMPLATE).encode()).hexdigest()
 
 
 def make_tiny_config(kind: str, **overrides: Any) -> dict[str, Any]:
@@ -108,7 +141,8 @@ def make_tiny_config(kind: str, **overrides: Any) -> dict[str, Any]:
 
 def make_tiny_binding(
     kind: str, *, seed: int = 0, kv_scheme: KvScheme = KvScheme(),
-    binding_class: type[MlxAutoregressiveBinding] = MlxAutoregressiveBinding, **overrides: Any,
+    binding_class: type[MlxAutoregressiveBinding] = MlxAutoregressiveBinding, tokenizer: ByteTokenizer | None = None,
+    **overrides: Any,
 ) -> MlxAutoregressiveBinding:
     """A random-weight model of mlx-lm's `kind` class, fixed by `seed` (bound by `binding_class`, a subclass for tests
     that need a component that stalls or fails)."""
@@ -119,7 +153,7 @@ def make_tiny_binding(
     eval_parameters(model)
     model.eval()
     return binding_class(
-        model, ByteTokenizer(), model_id=f"tiny-{kind}", config=config, kv_scheme=kv_scheme, weights_digest=str(seed)
+        model, tokenizer or ByteTokenizer(), model_id=f"tiny-{kind}", config=config, kv_scheme=kv_scheme, weights_digest=str(seed)
     )
 
 

@@ -18,7 +18,7 @@ from tests.factories import make_identity, make_tiny_binding
 def binding_for(spec: dict[str, Any]) -> MlxAutoregressiveBinding:
     scheme = KvScheme(**spec.get("kv_scheme", {}))
     if spec["kind"] == "embedded":
-        return load_binding(None, scheme)
+        return load_binding(None, scheme, spec.get("cpu_kernels", "mlx"))
     return make_tiny_binding(spec["kind"], kv_scheme=scheme, **spec.get("overrides", {}))
 
 

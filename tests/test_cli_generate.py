@@ -21,6 +21,8 @@ def test_embedded_generate_names_paris(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300, check=True,
     )
     assert "Paris" in done.stdout
+    if sys.platform == "linux":  # the start-up line names the kernels (native by default) and the BLAS
+        assert "mlxkv generate: cpu kernels native (" in done.stderr and "; BLAS mlxkv-sgemm (" in done.stderr
     stats = done.stderr.strip().splitlines()[-1]
     assert stats.startswith("prompt: 37 tokens (0 cached)")
     assert "finish: stop" in stats
@@ -56,3 +58,17 @@ def test_bad_values_are_clear_errors_not_tracebacks(capsys: pytest.CaptureFixtur
     assert "top_p=0.0 is out of range; allowed: (0, 1]" in capsys.readouterr().err
     assert main(["generate", "hi", "--model", "/nonexistent/model"]) == 2
     assert "nothing is downloaded" in capsys.readouterr().err
+
+
+def test_embedded_generate_with_a_json_schema_prints_matching_json(tmp_path: Path) -> None:
+    schema = '{"type": "object", "properties": {"capital": {"enum": ["Paris", "Lyon"]}}, "required": ["capital"], "additionalProperties": false}'
+    done = subprocess.run(
+        [MLXKV, "generate", "What is the capital of France?", "--max-tokens", "16", "--json-schema", schema, "--no-ssd-cache"],
+        capture_output=True, text=True, timeout=300, check=True,
+    )
+    assert done.stdout.strip() in ('{"capital": "Paris"}', '{"capital": "Lyon"}')
+
+
+def test_generate_with_a_regex_that_does_not_compile_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "hi", "--regex", "a(b", "--no-ssd-cache"]) == 2
+    assert "does not compile" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from mlxkv.engine.local_engine import LocalEngine
 from mlxkv_inference import MlxAutoregressiveBinding
 from mlxkv_inference.background_writer import FlushReport
 from mlxkv_inference.cache.factory import LayerCache
+from mlxkv_inference.cache.reuse import compact_copy
 from mlxkv_inference.prompt_cache import TieredPromptCache
 from mlxkv_inference.prompt_cache.tiered import MAX_WRITE_ATTEMPTS
 from mlxkv_serve import ServeConfig, build_app
@@ -44,7 +45,8 @@ class ScriptedColdTier(InMemoryColdTier):
 
 
 def one_entry_tiers(cold: InMemoryColdTier) -> TieredPromptCache:
-    return TieredPromptCache(ram_max_bytes=sum(c.nbytes for c in make_plain_caches(16)), cold=cold)
+    one_entry = sum(c.nbytes for c in compact_copy(make_plain_caches(16), 16))  # what the RAM tier keeps of one prompt
+    return TieredPromptCache(ram_max_bytes=one_entry, cold=cold)
 
 
 def test_failed_write_of_an_evicted_entry_is_retried_until_it_lands() -> None:

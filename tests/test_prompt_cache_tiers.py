@@ -5,16 +5,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import pytest
 
 from mlxkv.engine.cache_services import SsdColdTier, open_cold_tier
+from mlxkv_inference import Generation, GenerationParams, KvScheme
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.kv import PlainKVCache
 from mlxkv_inference.cache.reuse import clone_trimmed, usable_prefix, all_trimmable, minimum_reusable_offset
+from mlxkv_inference.engine.cached_generation import CachedGenerator
 from mlxkv_inference.prompt_cache import ColdHit, ColdRestored, ColdTier, RamPromptCache, TieredPromptCache
-from tests.factories import make_plain_caches, make_tiny_binding
+from tests.factories import make_plain_caches, make_prompt, make_tiny_binding
 
 
 class InMemoryColdTier:
@@ -67,14 +70,21 @@ def test_take_is_non_consuming_and_copies_are_independent() -> None:
     assert first is not None and second is not None
     assert (first.num_tokens, second.num_tokens) == (20, 12)
     assert [c.offset for c in second.caches] == [12, 12]
-    written = first.caches[0]
+    # Write token 12 into the second copy: that position holds token 12 of the entry and of the
+    # first copy, so a shared buffer written in place would show up in both.
+    written = second.caches[0]
     assert isinstance(written, PlainKVCache)
-    written.update_and_fetch(mx.ones((1, 2, 1, 32)), mx.ones((1, 2, 1, 32)))  # write into a copy
+    written.update_and_fetch(mx.ones((1, 2, 1, 32)), mx.ones((1, 2, 1, 32)))
     third = ram.take(list(range(20)) + [7], "")
-    assert third is not None and third.caches[0].offset == 20
-    kept, original = third.caches[0], make_plain_caches(20)[0]
-    assert isinstance(kept, PlainKVCache) and kept.keys is not None and original.keys is not None
-    assert mx.array_equal(kept.keys[..., :20, :], original.keys[..., :20, :]).item()
+    assert third is not None and third.num_tokens == 20 and len(ram) == 1
+    original = make_plain_caches(20)[0]
+    assert original.keys is not None and original.values is not None
+    for copy in (first.caches[0], third.caches[0]):
+        assert isinstance(copy, PlainKVCache) and copy.keys is not None and copy.values is not None
+        assert copy.offset == 20
+        assert mx.array_equal(copy.keys[..., :20, :], original.keys[..., :20, :]).item()
+        assert mx.array_equal(copy.values[..., :20, :], original.values[..., :20, :]).item()
+    assert written.keys is not None and mx.array_equal(written.keys[..., 12, :], mx.ones((1, 2, 32))).item()
 
 
 def test_namespaces_never_share_entries_in_ram() -> None:
@@ -86,7 +96,7 @@ def test_namespaces_never_share_entries_in_ram() -> None:
 
 
 def test_byte_cap_evicts_least_recently_used_and_demotes_to_the_cold_tier() -> None:
-    entry = sum(c.nbytes for c in make_plain_caches(16))
+    entry = 16 * sum(c.bytes_per_token() for c in make_plain_caches(16))  # what a kept entry holds
     cold = InMemoryColdTier()
     tiers = TieredPromptCache(ram_max_bytes=2 * entry, cold=cold)
     for i in range(3):
@@ -144,3 +154,60 @@ def test_ssd_cold_tier_implements_the_protocol(tmp_path: Path) -> None:
     assert obj is not None and mx.array_equal(obj["features"], mx.ones((2, 3))).item()
     assert cold.restore_object_async("encoder:missing", "").result(timeout=30) is None
     assert isinstance(ssd, SsdColdTier)
+
+
+def test_ram_entry_accounts_exactly_the_bytes_its_tokens_need() -> None:
+    caches = make_plain_caches(20)  # 256-token buffers holding 20 tokens
+    per_token = sum(c.bytes_per_token() for c in caches)
+    assert per_token == 2 * 2 * (2 * 32 * 4)  # layers x (keys, values) x (heads x dims x float32)
+    mx.eval(mx.zeros(1))
+    baseline = mx.get_active_memory()
+    ram = RamPromptCache(1 << 30)
+    assert ram.put(list(range(20)), caches, "")
+    del caches
+    (entry,) = ram.entries()
+    assert entry.nbytes == ram.nbytes == 20 * per_token
+    assert [c.keys.shape[2] for c in entry.caches if isinstance(c, PlainKVCache) and c.keys is not None] == [20, 20]
+    # The entry does not keep the 256-token buffers alive through a view.
+    assert mx.get_active_memory() - baseline < 256 * per_token
+
+
+@pytest.mark.parametrize("kind,scheme", [("llama", KvScheme()), ("llama", KvScheme(bits=8, group_size=32, quantized_start=4)),
+                                         ("gemma3_text", KvScheme()), ("qwen3_next", KvScheme())])
+def test_ram_hit_continues_exactly_like_a_cold_run(kind: str, scheme: KvScheme) -> None:
+    overrides: dict[str, Any] = {"head_dim": 64} if scheme.bits else {}
+    binding = make_tiny_binding(kind, kv_scheme=scheme, **overrides)
+    tiers = TieredPromptCache(ram_max_bytes=1 << 30)
+    generator = CachedGenerator(binding, tiers)
+    params = GenerationParams(max_tokens=12, ignore_eos=True)
+    first_prompt = make_prompt(7, seed=3)
+    first = generator.start(first_prompt, params)
+    first_tokens = list(first.run().token_ids)
+    generator.settle(first)
+    prompt = first_prompt + first_tokens + make_prompt(5, seed=4)
+    warm = generator.start(prompt, params)
+    warm_result = warm.run()
+    assert warm_result.cached_tokens == len(first_prompt) + len(first_tokens) - 1  # all but the unfed last token
+    assert warm_result.token_ids == Generation(binding, prompt, params).run().token_ids
+
+
+def test_ram_tier_breaks_ties_toward_the_most_recently_used_entry() -> None:
+    ram = RamPromptCache(1 << 30)
+    ram.put([1, 2, 3, 10], make_plain_caches(4, seed=1), "")
+    ram.put([1, 2, 3, 20], make_plain_caches(4, seed=2), "")
+
+    def tied_source() -> int:
+        """Which entry (by its seed) a prompt sharing 3 tokens with both is served from."""
+        taken = ram.take([1, 2, 3, 99, 5], "")
+        assert taken is not None and taken.num_tokens == 3
+        got = taken.caches[0]
+        assert isinstance(got, PlainKVCache) and got.keys is not None
+        for seed in (1, 2):
+            want = make_plain_caches(4, seed=seed)[0].keys
+            if want is not None and mx.array_equal(got.keys[..., :3, :], want[..., :3, :]).item():
+                return seed
+        raise AssertionError("served from neither entry")
+
+    assert tied_source() == 2
+    assert ram.take([1, 2, 3, 10, 7], "") is not None  # uses (and refreshes) the first entry
+    assert tied_source() == 1

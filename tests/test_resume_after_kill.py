@@ -77,7 +77,7 @@ def uninterrupted(binding: MlxAutoregressiveBinding, sampling: SamplingParams) -
     [{"temperature": 0}, {"temperature": 0.8, "seed": 1234}, {"temperature": 0.8}],
     ids=["greedy", "explicit-seed", "server-seed"],
 )
-def test_sigkill_then_identical_retry_continues_exactly(sampling: dict[str, Any], embedded: MlxAutoregressiveBinding, tmp_path: Path) -> None:
+def test_sigkill_then_identical_retry_continues_exactly(sampling: dict[str, Any], embedded_native: MlxAutoregressiveBinding, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     body = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, **sampling}
     first = ServerProcess(cache, "--generation-checkpoint", str(CHECKPOINT_EVERY))
@@ -98,13 +98,13 @@ def test_sigkill_then_identical_retry_continues_exactly(sampling: dict[str, Any]
     # The checkpoint made durable before the kill (or a newer one), never an older one.
     assert usage["resumed_tokens"] == resumed_tokens
     assert resumed_tokens >= DURABLE_AT and resumed_tokens % CHECKPOINT_EVERY == 0
-    expected = uninterrupted(embedded, SamplingParams(temperature=float(sampling["temperature"]), seed=resumed["seed"]))
+    expected = uninterrupted(embedded_native, SamplingParams(temperature=float(sampling["temperature"]), seed=resumed["seed"]))
     assert resumed["choices"][0]["text"] == expected
     if "seed" in sampling:
         assert resumed["seed"] == sampling["seed"]
 
 
-def test_kill_during_a_checkpoint_write_leaves_a_usable_state(embedded: MlxAutoregressiveBinding, tmp_path: Path) -> None:
+def test_kill_during_a_checkpoint_write_leaves_a_usable_state(embedded_native: MlxAutoregressiveBinding, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     body = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0}
     first = ServerProcess(cache, "--generation-checkpoint", "16")
@@ -119,7 +119,7 @@ def test_kill_during_a_checkpoint_write_leaves_a_usable_state(embedded: MlxAutor
     partial.write_bytes(durable[: len(durable) // 2])
     # And, worse, a checkpoint file that is itself cut short (a filesystem without atomic rename).
     checkpoint.write_bytes(durable[: len(durable) // 2])
-    expected = uninterrupted(embedded, SamplingParams())
+    expected = uninterrupted(embedded_native, SamplingParams())
     second = ServerProcess(cache, "--generation-checkpoint", "16")
     try:
         fresh = complete(second, body)  # the cut checkpoint is ignored: a fresh generation

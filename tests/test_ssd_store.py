@@ -110,7 +110,7 @@ def test_entry_larger_than_the_cap_is_refused(tmp_path: Path) -> None:
 
 
 def test_foreign_directories_are_never_touched(tmp_path: Path) -> None:
-    foreign = tmp_path / "some-other-fingerprint" / "base"
+    foreign = tmp_path / "some-other-identity" / "base"
     foreign.mkdir(parents=True)
     (foreign / "x.mlxkv").write_bytes(b"not ours")
     store = new_store(tmp_path)
@@ -146,3 +146,20 @@ def test_concurrent_store_find_and_restore(tmp_path: Path) -> None:
 def test_max_bytes_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="max_bytes=0 must be >= 1"):
         new_store(tmp_path, max_bytes=0)
+
+
+def test_equal_prefixes_go_to_the_most_recently_used_entry(tmp_path: Path) -> None:
+    store = new_store(tmp_path)
+    store.store([1, 2, 3, 10], make_plain_caches(4))
+    store.store([1, 2, 3, 20], make_plain_caches(4))
+    hit = store.find([1, 2, 3, 99, 5])
+    assert hit is not None and (hit.num_tokens, hit.entry_tokens) == (3, 4)
+    first = store.find_exact([1, 2, 3, 10])
+    second = store.find_exact([1, 2, 3, 20])
+    assert first is not None and second is not None and hit.entry_id == second.entry_id
+    assert store.restore(first) is not None  # a restore makes an entry the most recent
+    tied = store.find([1, 2, 3, 99, 5])
+    assert tied is not None and tied.entry_id == first.entry_id
+    restarted = new_store(tmp_path)  # the order survives a restart (file mtime)
+    tied = restarted.find([1, 2, 3, 99, 5])
+    assert tied is not None and tied.entry_id == first.entry_id

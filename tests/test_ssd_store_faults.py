@@ -70,7 +70,7 @@ def test_bad_file_is_a_miss_and_is_quarantined(fault: str, tmp_path: Path) -> No
         assert store.restore(hit) is None
         assert store.find(TOKENS + [1]) is None
     assert not path.exists()
-    assert len(list((tmp_path / IDENTITY.config_fingerprint / "quarantine").iterdir())) == 1
+    assert len(list((store.root / "quarantine").iterdir())) == 1
     assert store.stats().quarantined == 1
     # still usable
     assert store.store(TOKENS, make_plain_caches(64))
@@ -110,7 +110,7 @@ def test_full_disk_returns_false_and_leaves_nothing_visible(tmp_path: Path, monk
 
 def test_unwritable_directory_returns_false(tmp_path: Path) -> None:
     store = new_store(tmp_path)
-    blocker = tmp_path / IDENTITY.config_fingerprint / "base"
+    blocker = store.root / "base"
     blocker.write_bytes(b"a file where the namespace directory should be")
     assert store.store(TOKENS, make_plain_caches(64)) is False
 

@@ -1,8 +1,10 @@
-"""Prefill and decode tokens/s of mlxkv's loop vs mlx-lm's `stream_generate`, in one process.
+"""Prefill and decode tokens/s: mlx-lm's `stream_generate`, mlxkv on MLX's kernels and mlxkv on
+the native CPU kernels, in one process.
 
-Both run on the same model object (the embedded SmolLM2 unless --model) with the same prompt ids,
-the same prefill chunk and EOS ignored, alternating A/B runs; the report is the median of each and
-the ratios (ours / mlx-lm). Run: `uv run python tools/bench_generate.py`.
+mlx-lm and `mlxkv mlx` run on the same model object (the embedded SmolLM2 unless --model); `mlxkv
+native` on a second copy with the native kernels swapped in. Same prompt ids, prefill chunk, EOS
+ignored, runs alternate; the report is the median per prompt size and the ratios against mlx-lm.
+Run: `uv run python tools/bench_generate.py [--sizes 512 2048]` (smaller sizes for a quick run).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from dataclasses import dataclass
 
 from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, load_binding
 from mlxkv_inference._mlx_lm import mlx_lm_stream_responses, wrap_tokenizer
+from mlxkv_inference._blas import blas_description
+from mlxkv_inference.models.cpu_kernels import describe_cpu_kernels
 from mlxkv_inference.tokenizer.gguf_tokenizer import GgufTokenizer
 
 STORY = (
@@ -57,29 +61,44 @@ def theirs(binding: MlxAutoregressiveBinding, prompt: list[int], n: int, chunk: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="a llama .gguf file (default: the embedded model)")
-    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[512, 2048], help="prompt sizes in tokens")
     parser.add_argument("--gen-tokens", type=int, default=128)
     parser.add_argument("--prefill-chunk", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--no-native", dest="native", action="store_false", help="only mlx-lm and mlxkv mlx")
     args = parser.parse_args()
-    binding = load_binding(args.model)
-    text_ids = binding.tokenizer.encode(STORY * (1 + args.prompt_tokens // 30))
-    prompt = text_ids[: args.prompt_tokens]
-    runners: dict[str, Callable[..., Timing]] = {"mlxkv": ours, "mlx-lm": theirs}
-    results: dict[str, list[Timing]] = {name: [] for name in runners}
-    ours(binding, prompt[:16], 4, args.prefill_chunk)  # warm-up
-    for _ in range(args.repeats):
-        for name, run in runners.items():
-            results[name].append(run(binding, prompt, args.gen_tokens, args.prefill_chunk))
-    print(f"model {binding.model_id}: prompt {len(prompt)} tokens, {args.gen_tokens} generated, {args.repeats} runs each (median)")
+    binding = load_binding(args.model, cpu_kernels="mlx")
+    bindings = {"mlx-lm": binding, "mlxkv mlx": binding}
+    if args.native:
+        bindings["mlxkv native"] = load_binding(args.model, cpu_kernels="native")
+    runners: dict[str, Callable[..., Timing]] = {"mlx-lm": theirs, "mlxkv mlx": ours, "mlxkv native": ours}
+    print(f"model {binding.model_id}: {args.gen_tokens} generated, chunk {args.prefill_chunk}, "
+          f"{args.repeats} run(s) each (median); BLAS {blas_description()}")
+    for name, b in bindings.items():
+        if name != "mlx-lm":
+            print(f"  {name}: cpu kernels {describe_cpu_kernels(b.cpu_kernels)}")
+    text_ids = binding.tokenizer.encode(STORY * (1 + max(args.sizes) // 30))
+    for b in dict.fromkeys(bindings.values()):
+        ours(b, text_ids[:16], 4, args.prefill_chunk)  # warm-up
+    for size in args.sizes:
+        prompt = text_ids[:size]
+        results: dict[str, list[Timing]] = {name: [] for name in bindings}
+        for _ in range(args.repeats):
+            for name, b in bindings.items():
+                results[name].append(runners[name](b, prompt, args.gen_tokens, args.prefill_chunk))
+        report(len(prompt), results)
+
+
+def report(prompt_tokens: int, results: dict[str, list[Timing]]) -> None:
     medians = {
         name: Timing(statistics.median(t.prefill_tps for t in ts), statistics.median(t.decode_tps for t in ts))
         for name, ts in results.items()
     }
+    ref = medians["mlx-lm"]
+    print(f"prompt {prompt_tokens} tokens:")
     for name, m in medians.items():
-        print(f"  {name:7s} prefill {m.prefill_tps:8.2f} tok/s   decode {m.decode_tps:8.2f} tok/s")
-    a, b = medians["mlxkv"], medians["mlx-lm"]
-    print(f"  ratio   prefill {a.prefill_tps / b.prefill_tps:8.3f}x        decode {a.decode_tps / b.decode_tps:8.3f}x   (mlxkv / mlx-lm)")
+        print(f"  {name:12s} prefill {m.prefill_tps:8.2f} tok/s ({m.prefill_tps / ref.prefill_tps:6.2f}x)"
+              f"   decode {m.decode_tps:8.2f} tok/s ({m.decode_tps / ref.decode_tps:6.2f}x)")
 
 
 if __name__ == "__main__":

@@ -19,12 +19,28 @@ def default_cache_dir() -> Path:
     return Path(base).expanduser() / "mlxkv"
 
 
+def weights_digest_memo() -> Path:
+    """Where the weights digests of loaded models are remembered (see `load_binding`)."""
+    return default_cache_dir() / "weights-digests.json"
+
+
 def parse_size(text: str) -> int:
     """'512M', '20G', '1.5G' or a byte count -> bytes, at least one (argparse type)."""
     value = parse_size_or_zero(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"size {text!r} must be at least one byte")
     return value
+
+
+def parse_hours(text: str) -> float:
+    """A positive number of hours, e.g. '24' or '0.5' (argparse type)."""
+    try:
+        hours = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of hours; use e.g. 24 or 0.5") from None
+    if not 0 < hours < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} hours must be a positive number")
+    return hours
 
 
 def parse_size_or_zero(text: str) -> int:

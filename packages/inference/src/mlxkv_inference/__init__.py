@@ -1,7 +1,13 @@
 """mlxkv inference: model binding, caches, the autoregressive loop and the sampler."""
 
+# NOTE: first, before anything imports mlx: the BLAS shim only wins if loaded ahead of libmlx.
+from mlxkv_inference._blas import load_native_blas
+
+load_native_blas()
+
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
 from mlxkv_inference.kv_scheme import DEFAULT_QUANTIZED_KV_START, KvScheme
+from mlxkv_inference.engine.constraint import Grammar, GrammarConstraint, compile_grammar
 from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
 from mlxkv_inference.engine.generate import Generation, GenerationParams, GenerationResult, TextDelta
 from mlxkv_inference.engine.loop import SequenceRun, TokenStep
@@ -16,6 +22,8 @@ __all__ = [
     "DEFAULT_QUANTIZED_KV_START",
     "EMBEDDED_MODEL_ID",
     "Generation",
+    "Grammar",
+    "GrammarConstraint",
     "GenerationParams",
     "GenerationResult",
     "IncrementalDetokenizer",
@@ -28,6 +36,7 @@ __all__ = [
     "TokenStep",
     "Tokenizer",
     "UnsupportedModelError",
+    "compile_grammar",
     "embedded_model_path",
     "SequenceRun",
     "load_binding",

@@ -19,6 +19,7 @@ from mlxkv_inference.cache.factory import LayerCache, make_caches, maybe_quantiz
 from mlxkv_inference.cache.recurrent import RecurrentCache
 from mlxkv_inference.kv_scheme import KvScheme
 from mlxkv_inference.models import batched
+from mlxkv_inference.models.cpu_kernels import CpuKernels, use_native_kernels
 from mlxkv_inference.tokenizer.protocol import Tokenizer
 
 DEFAULT_PREFILL_CHUNK = 512
@@ -38,15 +39,19 @@ class MlxAutoregressiveBinding:
         config: dict[str, Any],
         kv_scheme: KvScheme = KvScheme(),
         weights_digest: str = "",
+        cpu_kernels: CpuKernels = "mlx",
     ) -> None:
+        if cpu_kernels == "native":
+            use_native_kernels(model)
         self.model = model
+        self.cpu_kernels: CpuKernels = cpu_kernels
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.config = config
         self.kv_scheme = kv_scheme
         self.weight_bytes = _mlx_lm.parameter_bytes(model)
         self.tokenizer_hash = tokenizer.content_hash()
-        self.config_fingerprint = config_fingerprint(config, kv_scheme, weights_digest)
+        self.config_fingerprint = config_fingerprint(config, kv_scheme, weights_digest, cpu_kernels)
         self._compiled = CompiledDecoder(model)
         self._invariant_rows = 1  # batch sizes probed row-invariant so far (-1: a kernel is not)
 
@@ -134,13 +139,18 @@ class MlxAutoregressiveBinding:
         return logits
 
 
-def config_fingerprint(config: dict[str, Any], kv_scheme: KvScheme, weights_digest: str) -> str:
-    """Hash of everything that shapes the KV a model computes: graph config, KV scheme, MLX, weights."""
+def config_fingerprint(
+    config: dict[str, Any], kv_scheme: KvScheme, weights_digest: str, cpu_kernels: CpuKernels = "mlx"
+) -> str:
+    """Hash of everything that shapes the KV a model computes: graph config, KV scheme, MLX, weights,
+    and the matmul kernels (KV computed by different kernels differs in the last bits)."""
     payload = {
         "config": config,
         "kv_scheme": asdict(kv_scheme),
         "mlx": _mlx_lm.mlx_version(),
         "weights": weights_digest,
     }
+    if cpu_kernels != "mlx":  # the mlx path keeps the fingerprints it always had
+        payload["cpu_kernels"] = cpu_kernels
     blob = json.dumps(payload, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:32]

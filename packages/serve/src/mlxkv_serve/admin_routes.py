@@ -14,7 +14,9 @@ from mlxkv_serve.state import ServerState
 
 async def health(request: Request) -> Response:
     state: ServerState = request.app.state.mlxkv
-    return JSONResponse({"status": "ok", "model": state.engine.model_id})
+    config = state.config
+    return JSONResponse({"status": "ok", "model": state.engine.model_id, "cpu_kernels": config.cpu_kernels,
+                         "blas": config.blas})
 
 
 async def metrics(request: Request) -> Response:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from starlette.requests import Request
@@ -10,7 +11,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from mlxkv_serve.anthropic_schema import parse_messages
 from mlxkv_serve.body import read_json
-from mlxkv_serve.engine import Delta, Failed, Finished, GenerationHandle
+from mlxkv_serve.engine import Delta, Failed, Finished, GenerationHandle, ToolCall
 from mlxkv_serve.errors import error_body
 from mlxkv_serve.state import ServerState
 from mlxkv_serve.streaming import collect, failure, guarded, sse, submit
@@ -24,7 +25,9 @@ async def messages(request: Request) -> Response:
     if parsed.stream:
         return StreamingResponse(guarded(request, state, handle, _stream(state, handle)), media_type="text/event-stream", headers=headers)
     deltas, done = await collect(request, state, handle)
-    body = _message(state, handle, [{"type": "text", "text": "".join(d.text for d in deltas)}], done)
+    text = "".join(d.text for d in deltas)
+    blocks = ([{"type": "text", "text": text}] if text or not done.tool_calls else []) + [_tool_use(c) for c in done.tool_calls]
+    body = _message(state, handle, blocks, done)
     return JSONResponse(body, headers=headers)
 
 
@@ -48,7 +51,13 @@ def _usage(handle: GenerationHandle, done: Finished | None) -> dict[str, int]:
             "resumed_tokens": done.resumed_tokens if done else 0}
 
 
+def _tool_use(call: ToolCall) -> dict[str, Any]:
+    return {"type": "tool_use", "id": "toolu_" + call.id, "name": call.name, "input": json.loads(call.arguments)}
+
+
 def _stop_reason(done: Finished) -> str:
+    if done.finish_reason == "tool_calls":
+        return "tool_use"
     if done.finish_reason == "length":
         return "max_tokens"
     return "stop_sequence" if done.stop_sequence else "end_turn"
@@ -69,7 +78,19 @@ async def _stream(state: ServerState, handle: GenerationHandle) -> AsyncIterator
             return
         state.record(event)
         yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
+        for index, call in enumerate(event.tool_calls, start=1):
+            for frame in _tool_use_frames(index, call):
+                yield frame
         yield sse({"type": "message_delta", "delta": {"stop_reason": _stop_reason(event), "stop_sequence": event.stop_sequence},
                    "usage": _usage(handle, event)}, "message_delta")
         yield sse({"type": "message_stop"}, "message_stop")
         return
+
+
+def _tool_use_frames(index: int, call: ToolCall) -> Iterator[str]:
+    """One tool_use block: its start, its input as one `input_json_delta`, its stop."""
+    start = {**_tool_use(call), "input": {}}
+    yield sse({"type": "content_block_start", "index": index, "content_block": start}, "content_block_start")
+    yield sse({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": call.arguments}},
+              "content_block_delta")
+    yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")

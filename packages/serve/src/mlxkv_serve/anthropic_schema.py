@@ -6,12 +6,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxkv_serve.config import ServeConfig
-from mlxkv_serve.engine import ChatMessage, GenerateRequest, Sampling
+from mlxkv_serve import tool_fields
+from mlxkv_serve.engine import ChatMessage, GenerateRequest, Sampling, Tool, ToolChoice
 from mlxkv_serve.errors import RequestError
 from mlxkv_serve.fields import Fields
-from mlxkv_serve.unsupported import ANTHROPIC, refuse_unsupported
 
 MAX_STOP = 16
+_CHOICES: dict[str, ToolChoice] = {"auto": "auto", "any": "required", "none": "none"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,15 +23,16 @@ class MessagesRequest:
 
 def parse_messages(body: Any, config: ServeConfig) -> MessagesRequest:
     f = Fields(body)
-    refuse_unsupported(f.body, ANTHROPIC)
     max_tokens = f.required("max_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= config.max_tokens_limit:
         raise RequestError(400, f"'max_tokens' must be an integer in [1, {config.max_tokens_limit}]", "max_tokens")
     raw = f.required("messages")
     if not isinstance(raw, list) or not raw:
         raise RequestError(400, "'messages' must be a non-empty list", "messages")
-    messages = [_message(m, i) for i, m in enumerate(raw)]
-    if messages[0].role != "user":
+    if not isinstance(raw[0], dict) or raw[0].get("role") != "user":
+        raise RequestError(400, "the first message must have role 'user'", "messages")
+    messages = [turn for i, m in enumerate(raw) for turn in _message(m, i)]
+    if messages[0].role not in ("user", "tool"):
         raise RequestError(400, "the first message must have role 'user'", "messages")
     system = f.body.get("system")
     if system is not None:
@@ -40,19 +42,76 @@ def parse_messages(body: Any, config: ServeConfig) -> MessagesRequest:
         top_p=f.number("top_p", config.default_top_p, 0.0, 1.0, low_open=True),
         top_k=int(f.integer("top_k", 0, 0, 1_000_000) or 0),
     )
+    tools, choice, name, parallel = _tools(f.body)
+    constraint = tool_fields.extension(f.body)
+    tool_fields.only_one(constraint, bool(tools) and choice != "none", "grammar" if "grammar" in f.body else "regex")
     generate = GenerateRequest(max_tokens=max_tokens, sampling=sampling, messages=tuple(messages),
-                               stop=f.stop("stop_sequences", MAX_STOP))
+                               stop=f.stop("stop_sequences", MAX_STOP), constraint=constraint, tools=tools,
+                               tool_choice=choice, tool_name=name, parallel_tool_calls=parallel)
     return MessagesRequest(generate, f.boolean("stream", False))
 
 
-def _message(raw: Any, index: int) -> ChatMessage:
+def _message(raw: Any, index: int) -> list[ChatMessage]:
+    """One Anthropic message as chat turns: `tool_result` blocks become tool turns (before the text)."""
     where = f"messages.{index}"
     if not isinstance(raw, dict):
         raise RequestError(400, f"{where}: must be an object")
     role = raw.get("role")
     if role not in ("user", "assistant"):
         raise RequestError(400, f"{where}.role: must be 'user' or 'assistant'")
-    return ChatMessage(role, _text(raw.get("content"), f"{where}.content"))
+    content = raw.get("content")
+    if not isinstance(content, list):
+        return [ChatMessage(role, _text(content, f"{where}.content"))]
+    kinds = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use")}[role]
+    for i, block in enumerate(content):
+        if not isinstance(block, dict) or block.get("type") not in kinds:
+            raise RequestError(400, f"{where}.content.{i}: a {role} message takes only {' and '.join(kinds)} blocks")
+    text = "".join(_text([b], f"{where}.content") for b in content if b["type"] == "text")
+    if role == "assistant":
+        calls = tuple(tool_fields.call(b.get("id"), b.get("name"), b.get("input"), f"{where}.content.{i}")
+                      for i, b in enumerate(content) if b["type"] == "tool_use")
+        return [ChatMessage("assistant", text, tool_calls=calls)]
+    results = [_tool_result(b, f"{where}.content.{i}") for i, b in enumerate(content) if b["type"] == "tool_result"]
+    return results + ([ChatMessage("user", text)] if text or not results else [])
+
+
+def _tool_result(block: dict[str, Any], where: str) -> ChatMessage:
+    call_id = block.get("tool_use_id")
+    if not isinstance(call_id, str):
+        raise RequestError(400, f"{where}.tool_use_id: must be the id of the tool_use this answers")
+    content = block.get("content")
+    text = "" if content is None else _text(content, f"{where}.content")
+    return ChatMessage("tool", f"Error: {text}" if block.get("is_error") is True else text, tool_call_id=call_id)
+
+
+def _tools(body: dict[str, Any]) -> tuple[tuple[Tool, ...], ToolChoice, str | None, bool]:
+    raw = body.get("tools")
+    if raw is not None and not isinstance(raw, list):
+        raise RequestError(400, "tools: must be a list of tools")
+    tools = tool_fields.distinct([_tool(t, f"tools.{i}") for i, t in enumerate(raw or [])], "tools")
+    choice = body.get("tool_choice")
+    if choice is None:
+        return tools, "auto", None, True
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind not in ("auto", "any", "tool", "none"):
+        raise RequestError(400, "tool_choice: must be {\"type\": \"auto\" | \"any\" | \"tool\" | \"none\"}", "tool_choice")
+    assert isinstance(choice, dict)
+    parallel = choice.get("disable_parallel_tool_use") is not True
+    if kind in ("any", "tool") and not tools:
+        raise RequestError(400, f"tool_choice: type '{kind}' needs 'tools'", "tool_choice")
+    if kind == "tool":
+        return tools, "required", tool_fields.named_tool(choice.get("name"), tools, "tool_choice.name"), parallel
+    return tools, _CHOICES[kind], None, parallel
+
+
+def _tool(raw: Any, where: str) -> Tool:
+    if not isinstance(raw, dict):
+        raise RequestError(400, f"{where}: must be an object")
+    if raw.get("type") not in (None, "custom"):
+        raise RequestError(400, f"{where}.type: only client tools ('custom', with an input_schema) are supported", where)
+    if raw.get("input_schema") is None:
+        raise RequestError(400, f"{where}.input_schema: Field required", where)
+    return tool_fields.tool(raw.get("name"), raw.get("description"), raw.get("input_schema"), where)
 
 
 def _text(content: Any, where: str) -> str:

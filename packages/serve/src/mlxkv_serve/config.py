@@ -18,6 +18,9 @@ class ServeConfig:
     flush_timeout_s: float = 30.0
     # None: any Host header. A loopback server lists the names it answers to (DNS rebinding guard).
     allowed_hosts: frozenset[str] | None = None
+    # What runs the model's matmuls, reported by /health (set by the app that loads the model).
+    cpu_kernels: str = "unknown"
+    blas: str = "unknown"
 
     def __post_init__(self) -> None:
         if self.default_max_tokens < 1:

@@ -14,9 +14,41 @@ Role = Literal["system", "user", "assistant", "tool"]
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A call the model made (or made earlier, in the history): `arguments` is JSON object text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant turn's calls
+    tool_call_id: str | None = None  # a tool turn: the call it answers
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A function the model may call; `parameters` is its JSON schema as JSON text."""
+
+    name: str
+    description: str
+    parameters: str
+
+
+ToolChoice = Literal["auto", "none", "required"]
+ConstraintKind = Literal["json_schema", "lark", "regex"]
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """What the generated text must match: a JSON schema (JSON text), a Lark grammar or a regex."""
+
+    kind: ConstraintKind
+    source: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +75,11 @@ class GenerateRequest:
     prompt_tokens: tuple[int, ...] | None = None
     stop: tuple[str, ...] = ()
     top_logprobs: int | None = None  # None: no logprobs; 0: the chosen token's only
+    constraint: Constraint | None = None
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice = "auto"
+    tool_name: str | None = None  # the one tool the answer must call (tool_choice naming a function)
+    parallel_tool_calls: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +96,7 @@ class Delta:
     logprobs: tuple[TokenLogprob, ...] = ()
 
 
-FinishReason = Literal["stop", "length", "cancelled"]
+FinishReason = Literal["stop", "length", "cancelled", "tool_calls"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +110,7 @@ class Finished:
     generation_id: str
     ttft_s: float
     resumed_tokens: int = 0  # tokens generated before a restart, restored from a checkpoint (not prompt)
+    tool_calls: tuple[ToolCall, ...] = ()  # finish_reason is "tool_calls" when there are any
 
 
 @dataclass(frozen=True, slots=True)

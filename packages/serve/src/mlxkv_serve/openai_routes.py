@@ -46,7 +46,9 @@ async def _complete(request: Request, *, chat: bool) -> Response:
     logprobs = [lp for d in deltas for lp in d.logprobs]
     choice: dict[str, Any] = {"index": 0, "finish_reason": done.finish_reason}
     if chat:
-        choice["message"] = {"role": "assistant", "content": text}
+        choice["message"] = {"role": "assistant", "content": text or None if done.tool_calls else text}
+        if done.tool_calls:
+            choice["message"]["tool_calls"] = _tool_calls(done)
         choice["logprobs"] = _chat_logprobs(logprobs) if parsed.generate.top_logprobs is not None else None
     else:
         choice["text"] = text
@@ -81,6 +83,10 @@ async def _stream(state: ServerState, handle: GenerationHandle, parsed: OpenAiRe
             yield sse(error_body("/v1", failure(state, event)))  # OpenAI's in-stream error: no [DONE] follows
             return
         state.record(event)
+        if event.tool_calls:  # each call in one chunk: its arguments are complete when the answer is
+            calls = [{"index": i, **call} for i, call in enumerate(_tool_calls(event))]
+            yield sse({**ids.envelope(True), "choices": [{"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None,
+                                                          "logprobs": None}]})
         final: dict[str, Any] = {"index": 0, "finish_reason": event.finish_reason, "logprobs": None}
         if ids.chat:
             final["delta"] = {}
@@ -99,6 +105,10 @@ def _chunk_choice(chat: bool, delta: Delta, want_logprobs: bool, offset: int) ->
                 "logprobs": _chat_logprobs(list(delta.logprobs)) if want_logprobs else None}
     return {"index": 0, "text": delta.text, "finish_reason": None,
             "logprobs": _completion_logprobs(list(delta.logprobs), offset) if want_logprobs else None}
+
+
+def _tool_calls(done: Finished) -> list[dict[str, Any]]:
+    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in done.tool_calls]
 
 
 def _usage(done: Finished) -> dict[str, Any]:

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from mlxkv_serve.config import ServeConfig
-from mlxkv_serve.engine import ChatMessage, GenerateRequest, Sampling
+from mlxkv_serve import tool_fields
+from mlxkv_serve.engine import ChatMessage, Constraint, GenerateRequest, Sampling, Tool, ToolCall, ToolChoice
 from mlxkv_serve.errors import RequestError
 from mlxkv_serve.fields import Fields
 from mlxkv_serve.unsupported import OPENAI, refuse_unsupported
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP = 4
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +60,8 @@ def parse_completion(body: Any, config: ServeConfig) -> OpenAiRequest:
         raise RequestError(400, "'prompt' must be a string or a list of token ids (one prompt per request)", "prompt")
     lp = f.integer("logprobs", None, 0, 5)
     max_tokens = f.integer("max_tokens", config.default_max_tokens, 1, config.max_tokens_limit)
+    if f.body.get("tools") or f.body.get("tool_choice") is not None:
+        raise RequestError(400, "tools are for /v1/chat/completions; a completion has no chat template to offer them", "tools")
     if f.body.get("echo"):
         raise RequestError(400, "'echo' is not supported", "echo")
     return _request(f, config, max_tokens, lp, prompt=text, prompt_tokens=tokens)
@@ -81,7 +87,12 @@ def _request(f: Fields, config: ServeConfig, max_tokens: int | None, top: int | 
         logit_bias=f.logit_bias("logit_bias", config.vocab_size),
         seed=f.integer("seed", None, 0, 2**63 - 1),
     )
-    generate = GenerateRequest(max_tokens=max_tokens, sampling=sampling, stop=f.stop("stop", MAX_STOP), top_logprobs=top, **prompt)
+    tools, choice, name = _tools(f.body)
+    constraint = _response_format(f.body.get("response_format")) or tool_fields.extension(f.body)
+    tool_fields.only_one(constraint, bool(tools) and choice != "none", "response_format")
+    generate = GenerateRequest(max_tokens=max_tokens, sampling=sampling, stop=f.stop("stop", MAX_STOP), top_logprobs=top,
+                               constraint=constraint, tools=tools, tool_choice=choice, tool_name=name,
+                               parallel_tool_calls=f.boolean("parallel_tool_calls", True), **prompt)
     return OpenAiRequest(generate, f.boolean("stream", False), include_usage)
 
 
@@ -92,7 +103,73 @@ def _message(raw: Any, index: int) -> ChatMessage:
     role = raw.get("role")
     if role not in ROLES:
         raise RequestError(400, f"'{where}.role' must be one of {', '.join(ROLES)}", f"{where}.role")
-    return ChatMessage("system" if role == "developer" else role, content_text(raw.get("content"), f"{where}.content"))
+    content = content_text(raw.get("content"), f"{where}.content")
+    if role == "tool":
+        call_id = raw.get("tool_call_id")
+        if not isinstance(call_id, str):
+            raise RequestError(400, f"'{where}.tool_call_id' must be the id of the call this answers", f"{where}.tool_call_id")
+        return ChatMessage("tool", content, tool_call_id=call_id)
+    calls = raw.get("tool_calls") if role == "assistant" else None
+    if calls is None:
+        return ChatMessage("system" if role == "developer" else role, content)
+    if not isinstance(calls, list):
+        raise RequestError(400, f"'{where}.tool_calls' must be a list", f"{where}.tool_calls")
+    return ChatMessage("assistant", content, tool_calls=tuple(_past_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)))
+
+
+def _past_call(raw: Any, where: str) -> ToolCall:
+    function = raw.get("function") if isinstance(raw, dict) else None
+    if not isinstance(function, dict):
+        raise RequestError(400, f"'{where}' must be {{\"id\", \"type\": \"function\", \"function\": {{name, arguments}}}}", where)
+    return tool_fields.call(raw.get("id"), function.get("name"), function.get("arguments"), where)
+
+
+def _tools(body: dict[str, Any]) -> tuple[tuple[Tool, ...], ToolChoice, str | None]:
+    raw = body.get("tools")
+    if raw is not None and not isinstance(raw, list):
+        raise RequestError(400, "'tools' must be a list of function tools", "tools")
+    tools = tool_fields.distinct([_tool(t, f"tools[{i}]") for i, t in enumerate(raw or [])], "tools")
+    choice = body.get("tool_choice")
+    if choice is None:
+        return tools, "auto", None
+    if isinstance(choice, dict):
+        function = choice.get("function")
+        if choice.get("type") != "function" or not isinstance(function, dict):
+            raise RequestError(400, "'tool_choice' must be 'auto', 'none', 'required' or "
+                               "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
+        return tools, "required", tool_fields.named_tool(function.get("name"), tools, "tool_choice")
+    if choice not in ("auto", "none", "required"):
+        raise RequestError(400, "'tool_choice' must be 'auto', 'none', 'required' or a named function", "tool_choice")
+    if choice == "required" and not tools:
+        raise RequestError(400, "'tool_choice' 'required' needs 'tools'", "tool_choice")
+    return tools, choice, None
+
+
+def _tool(raw: Any, where: str) -> Tool:
+    function = raw.get("function") if isinstance(raw, dict) else None
+    if not isinstance(raw, dict) or raw.get("type") != "function" or not isinstance(function, dict):
+        raise RequestError(400, f"'{where}' must be {{\"type\": \"function\", \"function\": {{...}}}}", where)
+    return tool_fields.tool(function.get("name"), function.get("description"), function.get("parameters"), where)
+
+
+def _response_format(raw: Any) -> Constraint | None:
+    if raw is None:
+        return None
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Constraint("json_schema", '{"type":"object"}')
+    spec = raw.get("json_schema") if kind == "json_schema" else None
+    if not isinstance(spec, dict):
+        raise RequestError(400, "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                           "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}", "response_format")
+    name = spec.get("name")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise RequestError(400, "'response_format.json_schema.name' must be 1-64 letters, digits, '_' or '-'",
+                           "response_format.json_schema.name")
+    schema = tool_fields.schema_object(spec.get("schema"), "response_format.json_schema.schema")
+    return Constraint("json_schema", json.dumps(schema))
 
 
 def content_text(content: Any, where: str) -> str:

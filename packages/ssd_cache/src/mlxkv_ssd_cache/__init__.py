@@ -6,10 +6,11 @@ from mlxkv_ssd_cache.errors import (
 )
 from mlxkv_ssd_cache.kv_file import Attachments, KvIdentity, read_file, read_header, write_file_atomically
 from mlxkv_ssd_cache.slot_codec import SlotPolicy
-from mlxkv_ssd_cache.store import CacheHit, RestoredState, SsdCacheStore, StoreStats
+from mlxkv_ssd_cache.store import DEFAULT_CHECKPOINT_TTL_S, CacheHit, RestoredState, SsdCacheStore, StoreStats
 
 __all__ = [
     "CONTAINER_VERSION",
+    "DEFAULT_CHECKPOINT_TTL_S",
     "MAGIC",
     "Attachments",
     "CacheHit",

@@ -53,6 +53,30 @@ def build_header(
     )
 
 
+def identity_problem(identity: KvIdentity, header: KvFileHeader, ns: str, tokens: Sequence[int]) -> str | None:
+    """Why a file read back may not serve `identity` (namespace `ns`, `tokens`), or None."""
+    for field, have, want in (
+        ("model id", header.model_id, identity.model_id),
+        ("tokenizer hash", header.tokenizer_hash, identity.tokenizer_hash),
+        ("config fingerprint", header.config_fingerprint, identity.config_fingerprint),
+        ("namespace", header.ns, ns),
+    ):
+        if have != want:
+            return f"{field} {have!r} is not {want!r}"
+    if header.tokens != tuple(tokens):
+        return "tokens differ from the index"
+    return None
+
+
+def expected_file_bytes(caches: Sequence[LayerCache]) -> int:
+    """About what a file of `caches` takes (raw tensor bytes of the tokens they hold)."""
+    total = 0
+    for cache in caches:
+        per_token = cache.bytes_per_token()
+        total += min(cache.nbytes, per_token * cache.offset) if per_token else cache.nbytes
+    return total
+
+
 def write_file_atomically(
     path: Path,
     header: KvFileHeader,

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from mlxkv_state.errors import StateError
 from mlxkv_ssd_cache.kv_file import read_file, read_header
-from mlxkv_ssd_cache.store import SUFFIX, TMP_GRACE_S
+from mlxkv_ssd_cache.layout import SUFFIX
+from mlxkv_ssd_cache.scan import TMP_GRACE_S
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ class TensorSlot:
     offset: int  # from the start of the data section
     stored_bytes: int
     raw_bytes: int
-    checksum: int  # crc32 of the stored bytes
+    checksum: int  # xxh3-64 of the stored bytes
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,11 +6,12 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from mlxkv_ssd_cache import read_header
-from mlxkv_ssd_cache.maintenance import clear, gc, kv_files, summarize, verify
+from mlxkv_ssd_cache.maintenance import EntrySummary, clear, gc, kv_files, summarize, verify
 
 from mlxkv.paths import default_cache_dir, parse_size
 from mlxkv.progress import TerminalProgress
@@ -26,7 +27,7 @@ def register(sub: Any) -> None:
     parser.add_argument("--cache-dir", type=Path, default=default_cache_dir(), metavar="DIR",
                         help=f"the SSD cache directory (default: {default_cache_dir()})")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    actions.add_parser("ls", help="list entries: model, namespace, tokens, size, last use").set_defaults(run=run_ls)
+    actions.add_parser("ls", help="list entries (prompt states and generation checkpoints): model, namespace, kind, tokens, size, last use").set_defaults(run=run_ls)
     inspect = actions.add_parser("inspect", help="print one KV file's header as JSON")
     inspect.add_argument("file", type=Path, metavar="FILE", help="the .mlxkv KV file to describe")
     inspect.set_defaults(run=run_inspect)
@@ -42,14 +43,23 @@ def register(sub: Any) -> None:
 
 def run_ls(args: argparse.Namespace) -> int:
     entries = [summarize(p) for p in kv_files(args.cache_dir)]
-    print(f"{'model':32} {'ns':10} {'tokens':>7} {'size':>10} {'last used':19}  file")
+    print(f"{'model':32} {'ns':10} {'kind':10} {'tokens':>7} {'size':>10} {'last used':19}  file")
     for e in entries:
         used = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.last_used))
         name = e.path.relative_to(args.cache_dir)
-        note = f"  [{e.problem}]" if e.problem else ("  [checkpoint]" if e.has_checkpoint else "")
-        print(f"{e.model_id[:32]:32} {(e.ns or '-')[:10]:10} {e.num_tokens:7d} {e.size:10d} {used}  {name}{note}")
-    print(f"{len(entries)} entries, {sum(e.size for e in entries)} bytes in {args.cache_dir}")
+        note = f"  [{e.problem}]" if e.problem else ""
+        print(f"{e.model_id[:32]:32} {(e.ns or '-')[:10]:10} {_kind(e):10} {e.num_tokens:7d} {e.size:10d} {used}  {name}{note}")
+    kinds = Counter(_kind(e) for e in entries)
+    print(f"{len(entries)} entries ({kinds['prompt']} prompt, {kinds['checkpoint']} checkpoint, {kinds['object']} object), "
+          f"{sum(e.size for e in entries)} bytes in {args.cache_dir}")
     return 0
+
+
+def _kind(entry: EntrySummary) -> str:
+    """A generation checkpoint (expires, see `mlxkv serve --checkpoint-ttl`), an object, or a prompt state."""
+    if entry.has_checkpoint:
+        return "checkpoint"
+    return "object" if entry.num_tokens == 0 and entry.problem is None else "prompt"
 
 
 def run_inspect(args: argparse.Namespace) -> int:

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from mlxkv_inference import GenerationResult, load_binding
+from mlxkv_inference import Grammar, GenerationResult, compile_grammar, load_binding
 from mlxkv_inference.engine.cached_generation import CachedGenerator
 from mlxkv_inference.tokenizer.chat import encode_chat
 
 from mlxkv.commands.options import (
-    add_cache_options, add_model_options, add_sampling_options, generation_params_from, kv_scheme_from,
+    add_cache_options, add_model_options, add_sampling_options, cpu_kernels_from, generation_params_from,
+    kv_scheme_from, runtime_line,
 )
 from mlxkv.engine.cache_services import build_tiers
+from mlxkv.paths import weights_digest_memo
 from mlxkv.progress import TerminalProgress
 
 FLUSH_TIMEOUT_S = 60.0
@@ -30,6 +35,11 @@ def register(sub: Any) -> None:
     parser.add_argument("prompt", metavar="PROMPT", help="the user message (or, with --raw, the exact prompt text)")
     parser.add_argument("--raw", action="store_true", help="tokenize PROMPT as-is, without the chat template")
     parser.add_argument("--system", default=None, metavar="TEXT", help="system message placed before the prompt")
+    shape = parser.add_argument_group("structured output").add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="SCHEMA", default=None,
+                       help="answer with JSON that matches SCHEMA (a JSON schema, inline or a file path)")
+    shape.add_argument("--grammar", metavar="FILE", type=Path, default=None, help="answer in the Lark grammar in FILE (llguidance's dialect)")
+    shape.add_argument("--regex", metavar="PATTERN", default=None, help="answer with text that matches PATTERN")
     add_model_options(parser)
     add_sampling_options(parser, default_max_tokens=256)
     add_cache_options(parser)
@@ -37,12 +47,15 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    params = generation_params_from(args)
+    params = replace(generation_params_from(args), grammar=grammar_from(args))
     progress = TerminalProgress()
     progress.status(f"loading {args.model or 'the embedded model'} ...")
-    binding = load_binding(args.model, kv_scheme_from(args))
+    binding = load_binding(args.model, kv_scheme_from(args), cpu_kernels_from(args), digest_memo=weights_digest_memo())
     progress.clear()
+    print(f"mlxkv generate: {runtime_line(binding)}", file=sys.stderr)
     tokenizer = binding.tokenizer
+    if params.grammar is not None:
+        compile_grammar(params.grammar, tokenizer)
     history_end = None
     if args.raw:
         prompt = tokenizer.encode(args.prompt)
@@ -69,6 +82,24 @@ def run(args: argparse.Namespace) -> int:
     assert generation.result is not None
     print(stats_line(generation.result), file=sys.stderr)
     return 0
+
+
+def grammar_from(args: argparse.Namespace) -> Grammar | None:
+    """The grammar --json-schema, --grammar or --regex asks for (None without them)."""
+    if args.regex is not None:
+        return Grammar("regex", args.regex)
+    if args.grammar is not None:
+        return Grammar("lark", args.grammar.read_text())
+    if args.json_schema is None:
+        return None
+    text = args.json_schema if args.json_schema.lstrip().startswith("{") else Path(args.json_schema).read_text()
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--json-schema is not valid JSON: {e}") from None
+    if not isinstance(schema, dict):
+        raise ValueError("--json-schema must be a JSON object (a JSON schema)")
+    return Grammar.json_schema(schema)
 
 
 def stats_line(result: GenerationResult) -> str:

@@ -8,6 +8,11 @@ from pathlib import Path
 
 from mlxkv.paths import DEFAULT_SSD_BYTES, default_cache_dir, default_ram_cache_bytes, parse_size, parse_size_or_zero
 from mlxkv_inference import DEFAULT_PREFILL_CHUNK, DEFAULT_QUANTIZED_KV_START, GenerationParams, KvScheme, SamplingParams
+from mlxkv_inference import MlxAutoregressiveBinding
+from mlxkv_inference._blas import blas_description
+from mlxkv_inference.models.cpu_kernels import (
+    CPU_KERNELS, CpuKernels, check_cpu_kernels, default_cpu_kernels, describe_cpu_kernels,
+)
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +32,13 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="with --kv-bits: full-precision KV until the cache holds N tokens, quantized from then on "
         f"(default: {DEFAULT_QUANTIZED_KV_START}, as mlx-lm)",
+    )
+    group.add_argument(
+        "--cpu-kernels",
+        choices=CPU_KERNELS,
+        default=default_cpu_kernels(),
+        help="quantized matmuls on the CPU: mlxkv's native multi-threaded, batch-invariant kernel, or MLX's own "
+        f"(default: {default_cpu_kernels()}; native needs Linux with mlxkv-cpu-kernels)",
     )
     group.add_argument(
         "--no-compiled-decode",
@@ -59,6 +71,20 @@ def add_prefill_option(group: argparse._ArgumentGroup) -> None:
         metavar="N",
         help=f"prompt tokens per prefill chunk (default: {DEFAULT_PREFILL_CHUNK})",
     )
+
+
+def cpu_kernels_from(args: argparse.Namespace) -> CpuKernels:
+    return check_cpu_kernels(args.cpu_kernels)
+
+
+def runtime_info(binding: MlxAutoregressiveBinding) -> dict[str, str]:
+    """The matmul kernels and BLAS in use, for the start-up line and /health."""
+    return {"cpu_kernels": describe_cpu_kernels(binding.cpu_kernels), "blas": blas_description()}
+
+
+def runtime_line(binding: MlxAutoregressiveBinding) -> str:
+    info = runtime_info(binding)
+    return f"cpu kernels {info['cpu_kernels']}; BLAS {info['blas']}"
 
 
 def kv_scheme_from(args: argparse.Namespace) -> KvScheme:

@@ -15,13 +15,16 @@ from typing import Any
 import uvicorn
 
 from mlxkv_inference import MlxAutoregressiveBinding, load_binding
+from mlxkv_inference.engine.scheduler import DEFAULT_MAX_BATCH
 from mlxkv_serve import ServeConfig, bounded_http_protocol, build_app
 from mlxkv_serve.config import loopback_hosts
 
-from mlxkv.commands.options import add_cache_options, add_model_options, add_prefill_option, base_params_from, kv_scheme_from
+from mlxkv.commands.options import (
+    add_cache_options, add_model_options, add_prefill_option, base_params_from, cpu_kernels_from, kv_scheme_from, runtime_info,
+)
 from mlxkv.engine.cache_services import build_tiers
-from mlxkv.engine.local_engine import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, LocalEngine
-from mlxkv.paths import parse_size
+from mlxkv.engine.local_engine import DEFAULT_MAX_QUEUE, LocalEngine
+from mlxkv.paths import parse_hours, parse_size, weights_digest_memo
 
 log = logging.getLogger("mlxkv.serve")
 SHUTDOWN_TIMEOUT_S = 30.0
@@ -63,6 +66,9 @@ def register(sub: Any) -> None:
                         f"(default: {DEFAULT_REQUEST_TIMEOUT_S:.0f})")
     parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
                         help=f"open connections beyond which requests get 503 (default: {DEFAULT_MAX_CONNECTIONS})")
+    parser.add_argument("--checkpoint-ttl", type=parse_hours, default=24.0, metavar="HOURS",
+                        help="delete a generation checkpoint not rewritten for HOURS, such as one a cancelled or failed "
+                        "generation left behind; checkpoints also count in --ssd-cache-max (default: 24)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="server log verbosity (default: info)")
     add_model_options(parser)
@@ -74,16 +80,18 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     check_args(args)
-    binding = load_binding(args.model, kv_scheme_from(args))
+    binding = load_binding(args.model, kv_scheme_from(args), cpu_kernels_from(args), digest_memo=weights_digest_memo())
+    runtime = runtime_info(binding)
     engine = build_engine(args, binding)
     config = ServeConfig(
         vocab_size=binding.tokenizer.vocab_size, default_max_tokens=args.max_tokens, default_temperature=args.temp,
         default_top_p=args.top_p, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
-        allowed_hosts=loopback_hosts(args.host),
+        allowed_hosts=loopback_hosts(args.host), cpu_kernels=runtime["cpu_kernels"], blas=runtime["blas"],
     )
     app = build_app(engine, config)
     where = args.ssd_cache if args.ssd_cache is not None else "off"
-    log.info("serving %s on http://%s:%d (SSD cache: %s)", binding.model_id, args.host, args.port, where)
+    log.info("serving %s on http://%s:%d (SSD cache: %s; cpu kernels %s; BLAS %s)", binding.model_id, args.host,
+             args.port, where, runtime["cpu_kernels"], runtime["blas"])
     # NOTE: lifespan off: the app has no start-up or shutdown work (`run` closes the engine), and a
     # lifespan task cancelled by a SIGTERM is logged by Starlette as an ERROR traceback.
     server = GracefulServer(uvicorn.Config(
@@ -119,7 +127,8 @@ def check_args(args: argparse.Namespace) -> None:
 
 def build_engine(args: argparse.Namespace, binding: MlxAutoregressiveBinding) -> LocalEngine:
     """The engine `serve` runs, with the command line's cache, checkpoint, queue and generation settings."""
-    tiers, cold = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max)
+    tiers, cold = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max,
+                              checkpoint_ttl_s=args.checkpoint_ttl * 3600)
     return LocalEngine(binding, tiers, ssd=cold,
                        checkpoint_every=args.generation_checkpoint, base_params=base_params_from(args),
                        max_queue=args.max_queue, max_batch=args.max_batch,

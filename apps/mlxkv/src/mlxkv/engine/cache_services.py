@@ -17,7 +17,9 @@ import mlx.core as mx
 from mlxkv_inference import MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.prompt_cache import ColdHit, ColdRestored, ColdTier, TieredPromptCache
-from mlxkv_ssd_cache import Attachments, CacheHit, KvIdentity, RestoredState, SsdCacheStore, StoreStats
+from mlxkv_ssd_cache import (
+    DEFAULT_CHECKPOINT_TTL_S, Attachments, CacheHit, KvIdentity, RestoredState, SsdCacheStore, StoreStats,
+)
 from mlxkv_state.header import GenerationCheckpoint
 
 from mlxkv.engine.checkpoints import RestoredCheckpoint
@@ -73,15 +75,18 @@ class SsdColdTier:
         self.ssd.remove_checkpoint(key)
 
 
-def open_cold_tier(binding: MlxAutoregressiveBinding, directory: Path, max_bytes: int) -> SsdColdTier:
+def open_cold_tier(
+    binding: MlxAutoregressiveBinding, directory: Path, max_bytes: int, checkpoint_ttl_s: float = DEFAULT_CHECKPOINT_TTL_S
+) -> SsdColdTier:
     identity = KvIdentity(binding.model_id, binding.tokenizer_hash, binding.config_fingerprint)
-    return SsdColdTier(SsdCacheStore(directory, identity, max_bytes))
+    return SsdColdTier(SsdCacheStore(directory, identity, max_bytes, checkpoint_ttl_s=checkpoint_ttl_s))
 
 
 def build_tiers(
-    binding: MlxAutoregressiveBinding, *, ram_bytes: int, ssd_dir: Path | None, ssd_bytes: int
+    binding: MlxAutoregressiveBinding, *, ram_bytes: int, ssd_dir: Path | None, ssd_bytes: int,
+    checkpoint_ttl_s: float = DEFAULT_CHECKPOINT_TTL_S,
 ) -> tuple[TieredPromptCache, SsdColdTier | None]:
-    cold = open_cold_tier(binding, ssd_dir, ssd_bytes) if ssd_dir is not None else None
+    cold = open_cold_tier(binding, ssd_dir, ssd_bytes, checkpoint_ttl_s) if ssd_dir is not None else None
     tier: ColdTier | None = cold
     return TieredPromptCache(ram_bytes, tier), cold
 

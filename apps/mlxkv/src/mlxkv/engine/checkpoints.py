@@ -55,6 +55,8 @@ def request_key(
         "stop": list(params.stop),
         "max_tokens": params.max_tokens,
     }
+    if params.grammar is not None:  # absent: keys of unconstrained requests stay as they were
+        canonical["grammar"] = params.grammar.digest
     if top_logprobs is not None:  # a retry must find the logprobs it asks for (absent: keys stay as they were)
         canonical["top_logprobs"] = top_logprobs
     return hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -15,20 +15,21 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
-from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding, SamplingParams
+from mlxkv_inference import GenerationParams, Grammar, MlxAutoregressiveBinding, SamplingParams, compile_grammar
 from mlxkv_inference.engine.cached_generation import CachedGenerator
 from mlxkv_inference.engine.generate import CheckpointState, Generation, ResumePoint, TextDelta
 from mlxkv_inference.engine.scheduler import DEFAULT_MAX_BATCH, BatchScheduler
-
-__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_MAX_QUEUE", "GenerationStatus", "LocalEngine"]
 from mlxkv_inference.prompt_cache import ColdRestored, TieredPromptCache
-from mlxkv_inference.tokenizer.chat import encode_chat
-from mlxkv_serve import Delta, Event, Failed, Finished, FlushResult, GenerateRequest, PromptTooLongError, QueueFullError, TokenLogprob
+from mlxkv_inference.tokenizer.chat import encode_chat, template_takes_tools
+from mlxkv_serve import (
+    Delta, Event, Failed, Finished, FlushResult, GenerateRequest, PromptTooLongError, QueueFullError, TokenLogprob,
+)
 from mlxkv_ssd_cache import KvIdentity
 from mlxkv_state.header import GenerationCheckpoint
 
 from mlxkv.engine.checkpoints import CheckpointStore, CheckpointWriter, request_key
 from mlxkv.engine.logprobs import LogprobTrail, render
+from mlxkv.engine.tool_calls import ToolAnswer, ToolUse, chat_messages, template_tools, tool_use
 from mlxkv.progress import PrefillLog
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,7 @@ class _Job:
     params: GenerationParams
     top_logprobs: int | None
     key: str
+    tools: ToolUse = ToolUse((), None)
     submitted: float = field(default_factory=time.perf_counter)
     trail: LogprobTrail | None = None  # the logprobs sent so far, when the request asked for them
 
@@ -125,6 +127,7 @@ class _Active:
 
     job: _Job
     generation: Generation
+    answer: ToolAnswer  # tool calls taken out of the text
     first: float | None = None  # seconds from submission to the first text
 
 
@@ -182,7 +185,8 @@ class LocalEngine:
         if self._queue.qsize() >= self.max_queue:
             raise QueueFullError(f"{self._queue.qsize()} requests are already waiting (the limit is {self.max_queue}); "
                                  "retry later", RETRY_AFTER_S)
-        prompt, history_end = self._encode(request)
+        tools = tool_use(request)
+        prompt, history_end = self._encode(request, tools)
         if len(prompt) + request.max_tokens > self.context_length:
             raise PromptTooLongError(
                 f"the prompt has {len(prompt)} tokens and {request.max_tokens} more were requested; "
@@ -193,10 +197,13 @@ class LocalEngine:
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p, repetition_penalty=s.repetition_penalty,
             presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty, logit_bias=dict(s.logit_bias), seed=s.seed,
         )
-        params = replace(self.base_params, max_tokens=request.max_tokens, sampling=sampling, stop=request.stop)
+        grammar = tools.grammar or (Grammar(request.constraint.kind, request.constraint.source) if request.constraint else None)
+        if grammar is not None:
+            compile_grammar(grammar, self.binding.tokenizer)  # a grammar that does not compile is the caller's 400
+        params = replace(self.base_params, max_tokens=request.max_tokens, sampling=sampling, stop=request.stop, grammar=grammar)
         handle = _Handle(uuid.uuid4().hex[:24], len(prompt), asyncio.get_running_loop())
         key = request_key(self._identity, "", prompt, params, request.top_logprobs)
-        job = _Job(handle, prompt, history_end, params, request.top_logprobs, key)
+        job = _Job(handle, prompt, history_end, params, request.top_logprobs, key, tools)
         self._remember(GenerationStatus(handle.generation_id, time.time(), len(prompt)))
         self._queue.put(job)
         return handle
@@ -258,10 +265,12 @@ class LocalEngine:
             log.warning("prompt cache writes did not finish within %.0f s", timeout)
 
     # -- worker -----------------------------------------------------------------------------
-    def _encode(self, request: GenerateRequest) -> tuple[list[int], int | None]:
+    def _encode(self, request: GenerateRequest, tools: ToolUse) -> tuple[list[int], int | None]:
         tokenizer = self.binding.tokenizer
         if request.messages is not None:
-            chat = encode_chat(tokenizer, [{"role": m.role, "content": m.content} for m in request.messages])
+            native = template_takes_tools(tokenizer)
+            messages = chat_messages(request.messages, tools.tools, native)
+            chat = encode_chat(tokenizer, messages, template_tools(tools.tools) if native and tools.tools else None)
             return chat.tokens, chat.history_end
         if request.prompt is not None:
             return tokenizer.encode(request.prompt), None
@@ -348,8 +357,9 @@ class LocalEngine:
             return None
         self._update(job, GenerationStatus.run)
         try:
-            entry = _Active(job, self._start(job, read))
-            self._push(entry, self._scheduler.add(entry.generation), with_logprobs=True)
+            generation = self._start(job, read)
+            entry = _Active(job, generation, ToolAnswer(job.tools, handle.generation_id))
+            self._push(entry, self._scheduler.add(generation), with_logprobs=True)
         except Exception as e:  # noqa: BLE001 - one failed generation must not stop the worker
             self._fail(job, e)
             return None
@@ -363,8 +373,9 @@ class LocalEngine:
             logprobs: tuple[TokenLogprob, ...] = ()
             if job.trail is not None and with_logprobs:
                 logprobs = (render(self.binding.tokenizer, *job.trail.next(delta.step)),)
-            if delta.text or logprobs:
-                job.handle.push(Delta(delta.text, logprobs))
+            text = entry.answer.feed(delta.text)
+            if text or logprobs:
+                job.handle.push(Delta(text, logprobs))
 
     def _fail(self, job: _Job, error: Exception) -> None:
         log.error("generation %s failed", job.handle.generation_id, exc_info=error)
@@ -372,10 +383,13 @@ class LocalEngine:
         job.handle.push(Failed(job.handle.generation_id, f"{type(error).__name__}: {error}"))
 
     def _finish(self, entry: _Active) -> None:
-        job, generation = entry.job, entry.generation
+        job, generation, handle = entry.job, entry.generation, entry.job.handle
         self._generator.settle(generation)
         result = generation.result
         assert result is not None
+        rest, calls = entry.answer.finish(result.text)
+        if rest:
+            handle.push(Delta(rest))
         if self._checkpoints is not None and result.finish_reason != "cancelled":
             self._checkpoints.remove(job.key)  # finished: nothing left to resume
         # The caches of a resumed generation also hold the tokens generated before the restart:
@@ -383,8 +397,8 @@ class LocalEngine:
         cached = min(result.cached_tokens, result.prompt_tokens)
         resumed = result.cached_tokens - cached
         self._update(job, lambda s: s.finish(result.finish_reason, result.generated_tokens, cached, result.seed))
-        job.handle.push(Finished(result.finish_reason, generation.stop_string, result.prompt_tokens, result.generated_tokens,
-                                 cached, result.seed, job.handle.generation_id, entry.first or 0.0, resumed))
+        handle.push(Finished("tool_calls" if calls else result.finish_reason, generation.stop_string, result.prompt_tokens,
+                             result.generated_tokens, cached, result.seed, handle.generation_id, entry.first or 0.0, resumed, calls))
 
     def _start(self, job: _Job, read: ColdRestored | None) -> Generation:
         """A generation continuing this request's checkpoint if one is durable, else a new one."""

@@ -42,8 +42,10 @@ class CompiledDecoder:
     def step(self, token: mx.array, caches: Sequence[LayerCache]) -> mx.array | None:
         """(1, vocab) logits for one token, or None when some cache cannot run compiled yet.
 
-        Caches change only in `commit_decode_step`, after the compiled call returned, so an
-        exception from the step leaves them exactly as the uncompiled path expects them.
+        `prepare_decode_step` may grow or rotate a cache's buffers (eagerly, keeping its tokens);
+        the token itself is written only in `commit_decode_step`, after the compiled call
+        returned, so an exception from the step leaves each cache holding the same tokens at the
+        same offset, which is all the uncompiled path needs.
         """
         plans = [c.prepare_decode_step() for c in caches]
         if any(p is None for p in plans):

@@ -111,6 +111,10 @@ class PlainKVCache(_DenseBuffers):
         other.keys, other.values, other.offset = _view(self.keys), _view(self.values), self.offset
         return other
 
+    def compact(self) -> None:
+        """Hold the tokens in buffers of exactly `offset` positions, owned by this cache alone."""
+        self.keys, self.values = _owned_prefix(self.keys, self.offset), _owned_prefix(self.values, self.offset)
+
     # -- helpers -----------------------------------------------------------------------------
     def _reserve(self, keys: mx.array, values: mx.array, n: int) -> None:
         """Grow the buffers (in whole steps) so `n` more tokens fit after `offset`."""
@@ -262,6 +266,12 @@ class RotatingKVCache(_DenseBuffers):
         other.offset, other._idx, other._after_multi_write = self.offset, self._idx, self._after_multi_write
         return other
 
+    def compact(self) -> None:
+        """Hold only the buffered tokens (past the offset an unwrapped buffer holds zeros), in
+        buffers owned by this cache alone."""
+        n = self.offset if self.keys is None else min(self.keys.shape[2], self.offset)
+        self.keys, self.values = _owned_prefix(self.keys, n), _owned_prefix(self.values, n)
+
     # -- helpers (mlx-lm's RotatingKVCache arithmetic) --------------------------------------
     def _trim_front(self, trim_size: int, v: mx.array, append: mx.array | None = None) -> mx.array:
         parts = [v[..., : self.keep, :], v[..., trim_size + self.keep :, :]] if trim_size > 0 else [v]
@@ -345,6 +355,11 @@ def _mlx_causal(n: int, offset: int, window_size: int | None) -> mx.array:
 def _view(a: mx.array | None) -> mx.array | None:
     # A new array object over the same buffer: slice assignment on one never shows in the other.
     return None if a is None else a[...]
+
+
+def _owned_prefix(a: mx.array | None, n: int) -> mx.array | None:
+    # NOTE: a slice is a view that keeps the whole buffer alive; contiguous() copies it out.
+    return None if a is None else mx.contiguous(a[..., :n, :])
 
 
 def _check_trim(n: int, offset: int) -> int:

@@ -133,6 +133,13 @@ class QuantizedKVCache:
             other.values = (self.values[0][...], self.values[1][...], self.values[2][...])
         return other
 
+    def compact(self) -> None:
+        """Hold the tokens in buffers of exactly `offset` positions, owned by this cache alone."""
+        if self.keys is not None and self.values is not None:
+            n = self.offset
+            self.keys = (_owned(self.keys[0], n), _owned(self.keys[1], n), _owned(self.keys[2], n))
+            self.values = (_owned(self.values[0], n), _owned(self.values[1], n), _owned(self.values[2], n))
+
     # -- helpers -----------------------------------------------------------------------------
     def _reserve(self, keys: mx.array, values: mx.array, n: int) -> None:
         if self.keys is not None and self.offset + n <= self.keys[0].shape[2]:
@@ -166,6 +173,10 @@ class QuantizedKVCache:
             return self.keys, self.values
         k, v, o = self.keys, self.values, self.offset
         return (k[0][..., :o, :], k[1][..., :o, :], k[2][..., :o, :]), (v[0][..., :o, :], v[1][..., :o, :], v[2][..., :o, :])
+
+
+def _owned(a: mx.array, n: int) -> mx.array:
+    return mx.contiguous(a[..., :n, :])  # a slice alone would keep the whole buffer alive
 
 
 def _quantize(x: mx.array, group_size: int, bits: int) -> Triple:

@@ -101,6 +101,9 @@ class RecurrentCache:
         other.offset = self.offset
         return other
 
+    def compact(self) -> None:
+        """Nothing to drop: the state has a fixed size whatever the tokens."""
+
     # -- speculative rounds --------------------------------------------------------------------
     def spec_round_begin(self) -> None:
         if self._round is not None:

@@ -75,6 +75,16 @@ def frozen_copy(caches: Sequence[LayerCache], num_tokens: int) -> list[LayerCach
     return copies
 
 
+def compact_copy(caches: Sequence[LayerCache], num_tokens: int) -> list[LayerCache]:
+    """`frozen_copy` in buffers of exactly the tokens held, copied out of any larger buffer:
+    what a tier keeps, so it accounts and holds only what the tokens need."""
+    copies = clone_trimmed(caches, num_tokens)
+    for cache in copies:
+        cache.compact()
+    mx.eval([c.state for c in copies])
+    return copies
+
+
 def covered_tokens(caches: Sequence[LayerCache]) -> int:
     """How many tokens the caches hold (they move together; recurrent ones count theirs)."""
     return min((c.offset for c in caches), default=0)

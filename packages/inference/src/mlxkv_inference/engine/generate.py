@@ -11,6 +11,7 @@ import mlx.core as mx
 
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
+from mlxkv_inference.engine.constraint import Grammar, GrammarConstraint
 from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
 from mlxkv_inference.engine.logits import context_window, make_logits_processors
 from mlxkv_inference.cache.reuse import covered_tokens, frozen_copy
@@ -28,6 +29,7 @@ class GenerationParams:
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     ignore_eos: bool = False  # generate max_tokens even past EOS (benchmarks)
     compiled_decode: bool = True
+    grammar: Grammar | None = None  # what the generated text must match (JSON schema, Lark, regex)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -36,6 +38,8 @@ class GenerationParams:
             raise ValueError(f"prefill_chunk={self.prefill_chunk} must be >= 1")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
+        if self.ignore_eos and self.grammar is not None:
+            raise ValueError("ignore_eos cannot be combined with a grammar: a grammar ends its answer with EOS")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +123,7 @@ class Generation:
             binding, self.prompt, self.caches, sampler=make_sampler(params.sampling, self.seed),
             processors=make_logits_processors(params.sampling), context_window=context_window(params.sampling),
             first_step=len(replayed), pending=resume.pending if resume is not None else None,
+            constraint=GrammarConstraint(params.grammar, binding.tokenizer, replay=replayed) if params.grammar is not None else None,
         )
         self._decoder = Decoder(binding, self.caches, params.compiled_decode)
         self._points = sorted({p for p in snapshot_at if self.cached_tokens < p <= len(self.prompt) - 1})

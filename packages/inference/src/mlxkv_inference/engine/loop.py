@@ -20,6 +20,7 @@ import mlx.core as mx
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.reuse import covered_tokens
+from mlxkv_inference.engine.constraint import GrammarConstraint
 from mlxkv_inference.engine.logits import LogitsProcessor
 from mlxkv_inference.engine.sampling import Sampler
 
@@ -44,6 +45,8 @@ class SequenceRun:
     step from the logits of feeding `decode_input()` (the caller runs the model, alone or batched).
 
     Step indices start at `first_step` (the sampler derives each step's key from it).
+    `constraint` masks every step's logits to what its grammar allows; it consumes each token
+    fed after the prompt (a resumed one's replayed tokens are its own to replay).
     """
 
     def __init__(
@@ -57,6 +60,7 @@ class SequenceRun:
         context_window: int = 0,
         first_step: int = 0,
         pending: int | None = None,
+        constraint: GrammarConstraint | None = None,
     ) -> None:
         if not prompt:
             raise ValueError("prompt must hold at least one token")
@@ -77,6 +81,8 @@ class SequenceRun:
         seen = self.prompt if pending is not None else self.prompt[:-1]
         self._history = mx.array(seen[-self._window :] if self._window else [], dtype=mx.int32)
         self._pending = pending
+        self._first_step = first_step
+        self._constraint = constraint
         self._next = mx.array([self.prompt[-1]], dtype=mx.uint32) if pending is None else None
 
     @property
@@ -108,6 +114,10 @@ class SequenceRun:
     def sample(self, logits: mx.array) -> TokenStep:
         """The token sampled from (1, vocab) `logits` of feeding `decode_input()` (evaluated)."""
         fed = self.decode_input()
+        if self._constraint is not None:
+            if self.step > self._first_step:  # `fed` was generated (at step - 1), not the prompt's end
+                self._constraint.consume(_token(fed))
+            logits = self._constraint.apply(logits)
         if self._window:
             self._history = mx.concatenate([self._history, fed.astype(mx.int32)])[-self._window :]
         for processor in self._processors:

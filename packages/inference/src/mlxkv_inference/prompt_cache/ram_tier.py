@@ -1,15 +1,17 @@
 """The RAM tier: prompt states (tokens, caches, namespace) under a byte cap, least recently used
-first out. `take` never consumes an entry: it hands out trimmed copies sharing the buffers."""
+first out (the rules of `PrefixIndex`). Each entry holds its tokens in buffers of exactly their
+size (no growth slack), so its accounted bytes are what it keeps. `take` never consumes an
+entry: it hands out trimmed copies sharing the buffers."""
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mlxkv_inference.cache.factory import LayerCache
-from mlxkv_inference.cache.reuse import all_trimmable, clone_trimmed, minimum_reusable_offset, supersedes, usable_prefix
+from mlxkv_inference.cache.prefix_index import Indexed, PrefixIndex
+from mlxkv_inference.cache.reuse import all_trimmable, clone_trimmed, compact_copy, minimum_reusable_offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,13 +28,11 @@ class RamEntry:
     tokens: tuple[int, ...]
     caches: list[LayerCache]
     nbytes: int
-    minimum_reusable_offset: int
-    trimmable: bool
-    last_used: float
     durable: bool = False
 
 
 EvictHook = Callable[[RamEntry], None]
+_Key = tuple[str, tuple[int, ...]]
 
 
 class RamPromptCache:
@@ -41,57 +41,51 @@ class RamPromptCache:
             raise ValueError(f"RAM prompt cache max_bytes={max_bytes} must be >= 0")
         self.max_bytes = max_bytes
         self._on_evict = on_evict
-        self._entries: dict[tuple[str, tuple[int, ...]], RamEntry] = {}
+        self._index: PrefixIndex[_Key, RamEntry] = PrefixIndex()
         self._lock = threading.Lock()
         self.evictions = 0
 
     @property
     def nbytes(self) -> int:
         with self._lock:
-            return sum(e.nbytes for e in self._entries.values())
+            return self._index.nbytes
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._index)
 
     def take(self, prompt: Sequence[int], ns: str) -> Taken | None:
         """Copies of the entry with the longest usable prefix of `prompt`, trimmed to it."""
         with self._lock:
-            best: tuple[int, RamEntry] | None = None
-            for entry in self._entries.values():
-                if entry.ns != ns:
-                    continue
-                usable = usable_prefix(entry.tokens, prompt, entry.minimum_reusable_offset, entry.trimmable)
-                if usable and (best is None or usable > best[0]):
-                    best = (usable, entry)
-            if best is None:
+            found = self._index.longest(prompt, ns)
+            if found is None:
                 return None
-            usable, entry = best
-            entry.last_used = time.monotonic()
-            return Taken(clone_trimmed(entry.caches, usable), usable)
+            entry, usable = found
+            self._index.touch(entry.key)
+            return Taken(clone_trimmed(entry.value.caches, usable), usable)
 
     def usable_tokens(self, prompt: Sequence[int], ns: str) -> int:
         """What `take` would return, without copying anything."""
         with self._lock:
-            return max(
-                (usable_prefix(e.tokens, prompt, e.minimum_reusable_offset, e.trimmable) for e in self._entries.values() if e.ns == ns),
-                default=0,
-            )
+            found = self._index.longest(prompt, ns)
+        return 0 if found is None else found[1]
 
-    def put(self, tokens: Sequence[int], caches: list[LayerCache], ns: str, *, durable: bool = False) -> bool:
-        """Keep `caches` (owned from now on: pass copies, see `clone_trimmed`) covering `tokens`.
+    def put(self, tokens: Sequence[int], caches: Sequence[LayerCache], ns: str, *, durable: bool = False) -> bool:
+        """Keep a compact copy of `caches` covering `tokens` (the caller keeps its own).
 
         False when the entry alone exceeds the cap.
         """
-        copies = caches
-        nbytes = sum(c.nbytes for c in copies)
-        if nbytes > self.max_bytes or not tokens:
+        if not tokens:
             return False
-        entry = RamEntry(ns, tuple(tokens), copies, nbytes, minimum_reusable_offset(copies), all_trimmable(copies),
-                         time.monotonic(), durable)
+        kept = compact_copy(caches, len(tokens))
+        nbytes = sum(c.nbytes for c in kept)
+        if nbytes > self.max_bytes:
+            return False
+        entry = RamEntry(ns, tuple(tokens), kept, nbytes, durable)
         with self._lock:
-            self._entries[(ns, entry.tokens)] = entry
-            self._supersede(entry)
-            evicted = self._evict_over_cap(keep=entry)
+            self._index.add(Indexed((ns, entry.tokens), ns, entry.tokens, nbytes, minimum_reusable_offset(kept),
+                                    all_trimmable(kept), entry))
+            evicted = [e.value for e in self._index.evict_to(self.max_bytes, keep=(ns, entry.tokens))]
+            self.evictions += len(evicted)
         for old in evicted:
             if self._on_evict is not None:
                 self._on_evict(old)
@@ -99,33 +93,15 @@ class RamPromptCache:
 
     def mark_durable(self, tokens: Sequence[int], ns: str) -> None:
         with self._lock:
-            entry = self._entries.get((ns, tuple(tokens)))
+            entry = self._index.get((ns, tuple(tokens)))
             if entry is not None:
-                entry.durable = True
+                entry.value.durable = True
 
     def entries(self) -> list[RamEntry]:
+        """Every entry, least recently used first."""
         with self._lock:
-            return list(self._entries.values())
+            return [e.value for e in self._index.lru_order()]
 
     def clear(self) -> None:
         with self._lock:
-            self._entries.clear()
-
-    def _supersede(self, new: RamEntry) -> None:
-        for key, entry in list(self._entries.items()):
-            if entry.ns == new.ns and supersedes(new.tokens, new.trimmable, new.minimum_reusable_offset, entry.tokens):
-                del self._entries[key]
-
-    def _evict_over_cap(self, keep: RamEntry) -> list[RamEntry]:
-        evicted = []
-        total = sum(e.nbytes for e in self._entries.values())
-        for key, entry in sorted(self._entries.items(), key=lambda kv: kv[1].last_used):
-            if total <= self.max_bytes:
-                break
-            if entry is keep:
-                continue
-            del self._entries[key]
-            total -= entry.nbytes
-            evicted.append(entry)
-            self.evictions += 1
-        return evicted
+            self._index = PrefixIndex()

@@ -19,8 +19,23 @@ class ChatPrompt:
     history_end: int | None  # None when the history is not a token prefix of the prompt
 
 
-def encode_chat(tokenizer: Tokenizer, messages: Sequence[Message]) -> ChatPrompt:
-    tokens = tokenizer.encode(tokenizer.apply_chat_template(messages), add_special_tokens=False)
-    history = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=False), add_special_tokens=False)
+def encode_chat(tokenizer: Tokenizer, messages: Sequence[Message], tools: Sequence[Message] | None = None) -> ChatPrompt:
+    tokens = tokenizer.encode(tokenizer.apply_chat_template(messages, tools=tools), add_special_tokens=False)
+    history = tokenizer.encode(
+        tokenizer.apply_chat_template(messages, add_generation_prompt=False, tools=tools), add_special_tokens=False
+    )
     is_prefix = 0 < len(history) < len(tokens) and tokens[: len(history)] == history
     return ChatPrompt(tokens, len(history) if is_prefix else None)
+
+
+_PROBE_TOOL = {"type": "function", "function": {"name": "mlxkv_probe_tool_7f3a", "description": "", "parameters": {"type": "object"}}}
+
+
+def template_takes_tools(tokenizer: Tokenizer) -> bool:
+    """Whether the chat template renders a `tools` list (Qwen, Hermes, Llama 3.x); else the caller
+    describes the tools itself."""
+    probe = [{"role": "user", "content": "hi"}]
+    try:
+        return "mlxkv_probe_tool_7f3a" in tokenizer.apply_chat_template(probe, tools=[_PROBE_TOOL])
+    except ValueError:
+        return False

@@ -96,12 +96,15 @@ class GgufTokenizer:
         out: str = self._tok.decode(list(ids), skip_special_tokens=False)
         return out
 
-    def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tools: Sequence[Message] | None = None
+    ) -> str:
         if not self._template:
             raise ValueError("this model has no chat template; use raw prompts")
         bos = self._tok.id_to_token(self._bos) if self._bos is not None else ""
         return render_chat_template(
-            self._template, messages, add_generation_prompt=add_generation_prompt, bos_token=bos or ""
+            self._template, messages, add_generation_prompt=add_generation_prompt, bos_token=bos or "",
+            tools=[dict(t) for t in tools] if tools else None,
         )
 
     def content_hash(self) -> str:

@@ -36,14 +36,22 @@ class HfTokenizer:
         """mlx-lm's `TokenizerWrapper` (for calling mlx-lm's own generation)."""
         return self._wrapper
 
+    @property
+    def backend(self) -> Any:
+        """The `tokenizers.Tokenizer` behind the transformers tokenizer (for grammar masks)."""
+        return self._wrapper._tokenizer.backend_tokenizer
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return _mlx_lm.tokenizer_encode(self._wrapper, text, add_special_tokens)
 
     def decode(self, ids: Sequence[int]) -> str:
         return _mlx_lm.tokenizer_decode(self._wrapper, list(ids))
 
-    def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
-        return _mlx_lm.tokenizer_chat_template(self._wrapper, [dict(m) for m in messages], add_generation_prompt)
+    def apply_chat_template(
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tools: Sequence[Message] | None = None
+    ) -> str:
+        specs = [dict(t) for t in tools] if tools else None
+        return _mlx_lm.tokenizer_chat_template(self._wrapper, [dict(m) for m in messages], add_generation_prompt, specs)
 
     def content_hash(self) -> str:
         return self._hash

@@ -21,7 +21,11 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
-    def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str: ...
+    def apply_chat_template(
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tools: Sequence[Message] | None = None
+    ) -> str:
+        """Render `messages`; `tools` (OpenAI function specs) reach templates that take them."""
+        ...
 
     def content_hash(self) -> str:
         """sha256 hex digest of the tokenizer's canonical bytes: equal hashes tokenize alike."""

@@ -1,0 +1,32 @@
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
+
+#include "primitive.h"
+#include "qmm.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+mlxkv::Isa parse_isa(const std::string& name) {
+  if (name == "avx512") return mlxkv::Isa::avx512;
+  if (name == "avx2") return mlxkv::Isa::avx2;
+  if (name == "generic") return mlxkv::Isa::generic;
+  throw std::invalid_argument("isa must be 'avx512', 'avx2' or 'generic', got '" + name + "'");
+}
+
+}  // namespace
+
+NB_MODULE(_ext, m) {
+  m.doc() = "Native batch-invariant quantized matmul for MLX on CPU";
+  m.def("quantized_matmul", &mlxkv::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
+        "group_size"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "y = x @ dequant(w, scales, biases)^T (MLX affine layout, transpose=True).");
+  m.def("num_threads", &mlxkv::num_threads, "Threads the kernel splits output features over.");
+  m.def("set_num_threads", &mlxkv::set_num_threads, "n"_a);
+  m.def("isa", [] { return std::string(mlxkv::isa_name(mlxkv::current_isa())); });
+  m.def("best_isa", [] { return std::string(mlxkv::isa_name(mlxkv::best_isa())); });
+  m.def("set_isa", [](const std::string& name) { mlxkv::set_isa(parse_isa(name)); }, "name"_a);
+}

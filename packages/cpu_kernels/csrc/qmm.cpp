@@ -1,0 +1,116 @@
+#include "qmm.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "thread_pool.h"
+
+namespace mlxkv {
+
+namespace {
+
+// Rows per block: the block of x stays in L2 while each thread walks its columns.
+constexpr int64_t kRowBlock = 64;
+// Columns per thread are multiples of this, so panels are whole.
+constexpr int64_t kColAlign = 16;
+
+int default_threads() {
+  if (const char* env = std::getenv("MLXKV_CPU_THREADS")) {
+    int n = std::atoi(env);
+    if (n > 0) return n;
+  }
+  unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : int(hw);
+}
+
+bool cpu_has(Isa isa) {
+  __builtin_cpu_init();
+  switch (isa) {
+    case Isa::avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
+    case Isa::avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    default:
+      return true;
+  }
+}
+
+// The pool mutex also serialises products: set_num_threads waits for a running one.
+std::mutex pool_mutex;
+std::unique_ptr<ThreadPool> pool;
+std::vector<std::vector<float>> panels;
+Isa selected = best_isa();
+
+ThreadPool& get_pool() {
+  if (!pool) pool = std::make_unique<ThreadPool>(default_threads());
+  return *pool;
+}
+
+}  // namespace
+
+Isa best_isa() {
+  if (cpu_has(Isa::avx512)) return Isa::avx512;
+  if (cpu_has(Isa::avx2)) return Isa::avx2;
+  return Isa::generic;
+}
+
+Isa current_isa() { return selected; }
+
+void set_isa(Isa isa) {
+  if (!cpu_has(isa)) throw std::invalid_argument(std::string("this CPU does not support ") + isa_name(isa));
+  std::lock_guard<std::mutex> lock(pool_mutex);
+  selected = isa;
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::avx512: return "avx512";
+    case Isa::avx2: return "avx2";
+    default: return "generic";
+  }
+}
+
+int num_threads() {
+  std::lock_guard<std::mutex> lock(pool_mutex);
+  return get_pool().size();
+}
+
+void set_num_threads(int n) {
+  if (n < 1) throw std::invalid_argument("thread count must be >= 1, got " + std::to_string(n));
+  std::lock_guard<std::mutex> lock(pool_mutex);
+  pool.reset();
+  pool = std::make_unique<ThreadPool>(n);
+}
+
+void qmm_run(const QmmArgs& a) {
+  std::lock_guard<std::mutex> lock(pool_mutex);
+  ThreadPool& tp = get_pool();
+  auto range = selected == Isa::avx512 ? qmm_range_avx512
+      : selected == Isa::avx2          ? qmm_range_avx2
+                                       : qmm_range_generic;
+  // Chunks of whole columns: the split changes which thread computes an element, never how.
+  // About 4 chunks a thread balances load; at least kColAlign columns keep chunks worth a claim.
+  int64_t slices = (a.N + kColAlign - 1) / kColAlign;
+  int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(slices, 4 * tp.size()));
+  if (int(panels.size()) < tp.size()) panels.resize(tp.size());
+  for (auto& panel : panels) {
+    if (int64_t(panel.size()) < kPanelCols * a.K) panel.resize(kPanelCols * a.K);
+  }
+  auto task = [&](int64_t chunk, int t) {
+    int64_t n0 = std::min(a.N, slices * chunk / chunks * kColAlign);
+    int64_t n1 = std::min(a.N, slices * (chunk + 1) / chunks * kColAlign);
+    for (int64_t m0 = 0; m0 < a.M; m0 += kRowBlock) {
+      range(a, n0, n1, m0, std::min(a.M, m0 + kRowBlock), panels[t].data());
+    }
+  };
+  tp.run(chunks, task);
+}
+
+}  // namespace mlxkv

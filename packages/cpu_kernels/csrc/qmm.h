@@ -1,0 +1,57 @@
+// Batch-invariant affine-quantized matmul: y = x @ dequant(w)^T.
+//
+// Every output element y[m, n] is reduced in one fixed order, whatever M, the row tile, the
+// thread count or the instruction set:
+//   partial[l] = fma-chain over k = l, l + 16, l + 32, ... (ascending) of x[m, k] * w[n, k]
+//   y[m, n]    = the fixed 16 -> 8 -> 4 -> 2 -> 1 pairwise tree over partial[0..15]
+// with w[n, k] = fma(q, scale, bias) rounded once to float32. AVX-512 holds the 16 partials in one
+// register, AVX2 in two, the portable path in an array: same operations, same bits.
+#pragma once
+
+#include <cstdint>
+
+namespace mlxkv {
+
+struct QmmArgs {
+  const float* x;         // (M, K) row-major
+  const uint8_t* w;       // (N, K * bits / 8) packed, little-endian within each uint32
+  const void* scales;     // (N, K / group_size), float32 or float16
+  const void* biases;     // same shape and dtype as scales
+  bool scales_f16;
+  float* y;               // (M, N) row-major
+  int64_t M, N, K;
+  int group_size, bits;
+};
+
+enum class Isa : int { generic = 0, avx2 = 2, avx512 = 3 };
+
+// Columns [n0, n1) for rows [m0, m1); `panel` holds kPanelCols * K floats.
+constexpr int kPanelCols = 4;
+void qmm_range_generic(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel);
+void qmm_range_avx2(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel);
+void qmm_range_avx512(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel);
+
+// Dense float product with the same fixed reduction order: a.x is (M, K) and b_rows (N, K), both
+// row-major with K a multiple of 16 (zero-padded); writes a.y (M, N). Single-threaded.
+void dense_generic(const QmmArgs& a, const float* b_rows);
+void dense_avx2(const QmmArgs& a, const float* b_rows);
+void dense_avx512(const QmmArgs& a, const float* b_rows);
+
+// out (n) = a_row (k) times b, row-major (k, n) with leading dimension ldb, in the same order as
+// dense_*; lanes holds 16 * n floats.
+void row_generic(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes);
+void row_avx2(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes);
+void row_avx512(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes);
+
+// Runs the whole product on the thread pool with the selected instruction set.
+void qmm_run(const QmmArgs& a);
+
+Isa best_isa();
+Isa current_isa();
+void set_isa(Isa isa);  // throws std::invalid_argument if this CPU lacks it
+const char* isa_name(Isa isa);
+
+int num_threads();
+void set_num_threads(int n);
+
+}  // namespace mlxkv

@@ -1,0 +1,258 @@
+// One instruction set's kernel; compiled three times (QMM_ISA = 0 generic, 2 AVX2, 3 AVX-512).
+// NOTE: everything here is in an anonymous namespace and uses no std templates, so the three
+// copies cannot be merged by the linker (an AVX-512 inline picked for the generic path would trap).
+#include <cmath>
+#include <cstring>
+
+#include "qmm.h"
+
+#if QMM_ISA >= 2
+#include <immintrin.h>
+#endif
+
+namespace mlxkv {
+namespace {
+
+// The 16 per-lane partial sums of one output element.
+#if QMM_ISA == 3
+struct V16 {
+  __m512 v;
+  static V16 zero() { return {_mm512_setzero_ps()}; }
+  static V16 load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  void fma(const V16& a, const V16& b) { v = _mm512_fmadd_ps(a.v, b.v, v); }
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+};
+constexpr int kRows = 4;
+#elif QMM_ISA == 2
+struct V16 {
+  __m256 lo, hi;
+  static V16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static V16 load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  void fma(const V16& a, const V16& b) {
+    lo = _mm256_fmadd_ps(a.lo, b.lo, lo);
+    hi = _mm256_fmadd_ps(a.hi, b.hi, hi);
+  }
+  void store(float* p) const { _mm256_storeu_ps(p, lo); _mm256_storeu_ps(p + 8, hi); }
+};
+constexpr int kRows = 2;
+#else
+struct V16 {
+  float v[16];
+  static V16 zero() { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = 0.0f; return r; }
+  static V16 load(const float* p) { V16 r; std::memcpy(r.v, p, sizeof r.v); return r; }
+  void fma(const V16& a, const V16& b) { for (int i = 0; i < 16; ++i) v[i] = std::fmaf(a.v[i], b.v[i], v[i]); }
+  void store(float* p) const { std::memcpy(p, v, sizeof v); }
+};
+constexpr int kRows = 1;
+#endif
+
+// The fixed reduction tree shared by all instruction sets (plain scalar adds).
+inline float reduce16(const V16& acc) {
+  float l[16];
+  acc.store(l);
+  for (int i = 0; i < 8; ++i) l[i] = l[i] + l[i + 8];
+  for (int i = 0; i < 4; ++i) l[i] = l[i] + l[i + 4];
+  for (int i = 0; i < 2; ++i) l[i] = l[i] + l[i + 2];
+  return l[0] + l[1];
+}
+
+inline float half_to_float(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal half: normalise
+    int e = -1;
+    do { ++e; man <<= 1; } while ((man & 0x400) == 0);
+    bits = sign | uint32_t(112 - e) << 23 | ((man & 0x3ff) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline float param(const QmmArgs& a, const void* p, int64_t i) {
+  if (!a.scales_f16) return static_cast<const float*>(p)[i];
+#if QMM_ISA >= 2
+  return _cvtsh_ss(static_cast<const uint16_t*>(p)[i]);  // exact, like half_to_float
+#else
+  return half_to_float(static_cast<const uint16_t*>(p)[i]);
+#endif
+}
+
+// fma(q[k], s, b) for the 16 codes starting at `src` (bytes of the packed row), in a register.
+inline V16 dequant16(const uint8_t* src, int bits, float s, float b) {
+#if QMM_ISA >= 2
+  __m128i codes;
+  if (bits == 4) {
+    __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src));
+    __m128i mask = _mm_set1_epi8(0x0f);
+    __m128i lo = _mm_and_si128(v, mask), hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+    codes = _mm_unpacklo_epi8(lo, hi);
+  } else {
+    codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+  }
+#if QMM_ISA == 3
+  __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
+  return {_mm512_fmadd_ps(q, _mm512_set1_ps(s), _mm512_set1_ps(b))};
+#else
+  __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes));
+  __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8)));
+  return {_mm256_fmadd_ps(q0, _mm256_set1_ps(s), _mm256_set1_ps(b)),
+          _mm256_fmadd_ps(q1, _mm256_set1_ps(s), _mm256_set1_ps(b))};
+#endif
+#else
+  V16 r;
+  for (int i = 0; i < 16; ++i) {
+    int q = bits == 4 ? (src[i / 2] >> (4 * (i & 1))) & 0x0f : src[i];
+    r.v[i] = std::fmaf(float(q), s, b);
+  }
+  return r;
+#endif
+}
+
+// Dequantizes output column n (all K) into dst.
+void dequant_column(const QmmArgs& a, int64_t n, float* dst) {
+  const int64_t row_bytes = a.K * a.bits / 8, groups = a.K / a.group_size;
+  const uint8_t* src = a.w + n * row_bytes;
+  for (int64_t g = 0; g < groups; ++g) {
+    float s = param(a, a.scales, n * groups + g), b = param(a, a.biases, n * groups + g);
+    for (int64_t k = g * a.group_size; k < (g + 1) * a.group_size; k += 16) {
+      dequant16(src + k * a.bits / 8, a.bits, s, b).store(dst + k);
+    }
+  }
+}
+
+// R rows x C columns of output, all K, 16 lanes per element.
+template <int R, int C>
+void micro(const QmmArgs& a, int64_t m, int64_t n, const float* panel) {
+  V16 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = V16::zero();
+  const float* x = a.x + m * a.K;
+  for (int64_t k = 0; k < a.K; k += 16) {
+    V16 wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = V16::load(panel + c * a.K + k);
+    for (int r = 0; r < R; ++r) {
+      V16 xv = V16::load(x + r * a.K + k);
+      for (int c = 0; c < C; ++c) acc[r][c].fma(xv, wv[c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) a.y[(m + r) * a.N + n + c] = reduce16(acc[r][c]);
+}
+
+template <int R>
+void micro_cols(const QmmArgs& a, int64_t m, int64_t n, int cols, const float* panel) {
+  switch (cols) {
+    case 4: micro<R, 4>(a, m, n, panel); break;
+    case 3: micro<R, 3>(a, m, n, panel); break;
+    case 2: micro<R, 2>(a, m, n, panel); break;
+    default: micro<R, 1>(a, m, n, panel); break;
+  }
+}
+
+// One row, C columns: the weights are dequantized in registers and used at once. The arithmetic
+// is exactly micro<1, C> on a dequantized panel (same fma(q, s, b), same chain), without the
+// panel's store and reload, which is most of a GEMV's cost.
+template <int C>
+void gemv(const QmmArgs& a, int64_t m, int64_t n) {
+  const int64_t row_bytes = a.K * a.bits / 8, groups = a.K / a.group_size;
+  const float* x = a.x + m * a.K;
+  V16 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = V16::zero();
+  for (int64_t g = 0; g < groups; ++g) {
+    float s[C], b[C];
+    for (int c = 0; c < C; ++c) {
+      s[c] = param(a, a.scales, (n + c) * groups + g);
+      b[c] = param(a, a.biases, (n + c) * groups + g);
+    }
+    for (int64_t k = g * a.group_size; k < (g + 1) * a.group_size; k += 16) {
+      V16 xv = V16::load(x + k);
+      for (int c = 0; c < C; ++c) {
+        acc[c].fma(xv, dequant16(a.w + (n + c) * row_bytes + k * a.bits / 8, a.bits, s[c], b[c]));
+      }
+    }
+  }
+  for (int c = 0; c < C; ++c) a.y[m * a.N + n + c] = reduce16(acc[c]);
+}
+
+void run_range(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel) {
+  if (m1 - m0 == 1) {
+    int64_t n = n0;
+    for (; n + 4 <= n1; n += 4) gemv<4>(a, m0, n);
+    for (; n < n1; ++n) gemv<1>(a, m0, n);
+    return;
+  }
+  for (int64_t n = n0; n < n1; n += kPanelCols) {
+    int cols = int(n1 - n < kPanelCols ? n1 - n : kPanelCols);
+    for (int c = 0; c < cols; ++c) dequant_column(a, n + c, panel + c * a.K);
+    int64_t m = m0;
+    for (; m + kRows <= m1; m += kRows) micro_cols<kRows>(a, m, n, cols, panel);
+    for (; m < m1; ++m) micro_cols<1>(a, m, n, cols, panel);
+  }
+}
+
+// Dense: b_rows holds the N rows of op(B)^T, each a.K floats; same micro-kernel, no dequantization.
+void run_dense(const QmmArgs& a, const float* b_rows) {
+  for (int64_t n = 0; n < a.N; n += kPanelCols) {
+    int cols = int(a.N - n < kPanelCols ? a.N - n : kPanelCols);
+    int64_t m = 0;
+    for (; m + kRows <= a.M; m += kRows) micro_cols<kRows>(a, m, n, cols, b_rows + n * a.K);
+    for (; m < a.M; ++m) micro_cols<1>(a, m, n, cols, b_rows + n * a.K);
+  }
+}
+
+// One row of A times a row-major (K, N) B, read as it lies: lane l of output j accumulates the k
+// with k % 16 == l in ascending order, then the same tree. Bit for bit what run_dense gives on
+// packed operands, with no transpose of B (attention's p.v in decode).
+void run_row(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes) {
+  for (int64_t i = 0; i < 16 * n; ++i) lanes[i] = 0.0f;
+  for (int64_t kk = 0; kk < k; ++kk) {
+    float* acc = lanes + (kk % 16) * n;
+    const float av = a_row[kk];
+    const float* brow = b + kk * ldb;
+    for (int64_t j = 0; j < n; ++j) acc[j] = std::fmaf(av, brow[j], acc[j]);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    float l[16];
+    for (int i = 0; i < 16; ++i) l[i] = lanes[i * n + j];
+    for (int i = 0; i < 8; ++i) l[i] = l[i] + l[i + 8];
+    for (int i = 0; i < 4; ++i) l[i] = l[i] + l[i + 4];
+    for (int i = 0; i < 2; ++i) l[i] = l[i] + l[i + 2];
+    out[j] = l[0] + l[1];
+  }
+}
+
+}  // namespace
+
+#if QMM_ISA == 3
+void qmm_range_avx512(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel) {
+  run_range(a, n0, n1, m0, m1, panel);
+}
+void dense_avx512(const QmmArgs& a, const float* b_rows) { run_dense(a, b_rows); }
+void row_avx512(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes) {
+  run_row(a_row, k, b, ldb, n, out, lanes);
+}
+#elif QMM_ISA == 2
+void qmm_range_avx2(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel) {
+  run_range(a, n0, n1, m0, m1, panel);
+}
+void dense_avx2(const QmmArgs& a, const float* b_rows) { run_dense(a, b_rows); }
+void row_avx2(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes) {
+  run_row(a_row, k, b, ldb, n, out, lanes);
+}
+#else
+void qmm_range_generic(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel) {
+  run_range(a, n0, n1, m0, m1, panel);
+}
+void dense_generic(const QmmArgs& a, const float* b_rows) { run_dense(a, b_rows); }
+void row_generic(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes) {
+  run_row(a_row, k, b, ldb, n, out, lanes);
+}
+#endif
+
+}  // namespace mlxkv

@@ -1,0 +1,117 @@
+"""Which kernels run a model's quantized matmuls on the CPU: MLX's own, or mlxkv's native one.
+
+`native` swaps every supported `nn.QuantizedLinear` (and the tied lm_head, via
+`QuantizedEmbedding.as_linear`) for a subclass calling mlxkv-cpu-kernels' batch-invariant,
+multi-threaded quantized matmul. `mlx` leaves the model untouched (today's path, equal to mlx-lm).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from typing import Literal
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_unflatten
+
+__all__ = ["CPU_KERNELS", "CpuKernels", "default_cpu_kernels", "describe_cpu_kernels", "use_native_kernels"]
+
+CpuKernels = Literal["native", "mlx"]
+CPU_KERNELS: tuple[CpuKernels, ...] = ("native", "mlx")
+
+_BITS = (4, 8)
+_GROUP_SIZES = (32, 64, 128)
+
+
+def native_kernels_available() -> bool:
+    """True on Linux with mlxkv-cpu-kernels installed and its extension importable."""
+    if sys.platform != "linux" or importlib.util.find_spec("mlxkv_cpu_kernels") is None:
+        return False
+    try:
+        import mlxkv_cpu_kernels.ops  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def default_cpu_kernels() -> CpuKernels:
+    return "native" if native_kernels_available() else "mlx"
+
+
+def check_cpu_kernels(choice: str) -> CpuKernels:
+    """Validates a --cpu-kernels value; raises ValueError with advice."""
+    if choice not in CPU_KERNELS:
+        raise ValueError(f"cpu kernels {choice!r} unknown; choose one of {', '.join(CPU_KERNELS)}")
+    if choice == "native" and not native_kernels_available():
+        raise ValueError("cpu kernels 'native' need Linux with mlxkv-cpu-kernels built and importable; use 'mlx'")
+    return choice
+
+
+def describe_cpu_kernels(choice: CpuKernels) -> str:
+    """For start-up logs and /health, e.g. `native (avx512, 2 threads)`."""
+    if choice == "mlx":
+        return "mlx"
+    from mlxkv_cpu_kernels import ops
+
+    return f"native ({ops.isa()}, {ops.num_threads()} threads)"
+
+
+def use_native_kernels(model: nn.Module) -> int:
+    """Swaps supported quantized layers for native ones in place; returns how many were swapped."""
+    from mlxkv_cpu_kernels import ops  # noqa: F401  (fail here, at load, if the build is broken)
+
+    swaps: list[tuple[str, nn.Module]] = []
+    for path, module in model.named_modules():  # type: ignore[no-untyped-call]  # mlx leaves it untyped
+        if isinstance(module, nn.QuantizedLinear) and _supported(module):
+            swaps.append((path, _copy_into(NativeQuantizedLinear, module)))
+        elif isinstance(module, nn.QuantizedEmbedding) and _supported(module):
+            swaps.append((path, _copy_into(NativeQuantizedEmbedding, module)))
+    model.update_modules(tree_unflatten(swaps), strict=False)
+    return len(swaps)
+
+
+class NativeQuantizedLinear(nn.QuantizedLinear):
+    """`nn.QuantizedLinear` whose matmul is the native kernel (same parameters, same layout)."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = _native_matmul(self, x)
+        if "bias" in self:
+            y = y + self["bias"]
+        return y
+
+
+class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
+    """`nn.QuantizedEmbedding` whose tied-output projection is the native kernel."""
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return _native_matmul(self, x)
+
+
+def _native_matmul(layer: nn.Module, x: mx.array) -> mx.array:
+    from mlxkv_cpu_kernels import ops
+
+    # NOTE: the kernel takes float32 activations (the fast CPU dtype); other dtypes round-trip.
+    y = ops.quantized_matmul(x.astype(mx.float32), layer["weight"], layer["scales"], layer["biases"],
+                             layer.group_size, layer.bits)
+    return y if x.dtype == mx.float32 else y.astype(x.dtype)
+
+
+def _supported(module: nn.Module) -> bool:
+    scales = module.get("scales")
+    return (
+        getattr(module, "mode", "affine") == "affine"
+        and module.get("biases") is not None
+        and module.bits in _BITS
+        and module.group_size in _GROUP_SIZES
+        and scales is not None
+        and scales.dtype in (mx.float32, mx.float16)
+    )
+
+
+def _copy_into(cls: type[nn.Module], source: nn.Module) -> nn.Module:
+    # Same attributes and parameters, new class: no re-quantization, no copy of the arrays.
+    module = cls.__new__(cls)
+    module.__dict__.update(source.__dict__)
+    dict.update(module, source)
+    return module

@@ -1,0 +1,175 @@
+"""The native quantized matmul (mlxkv-cpu-kernels): agreement with MLX and batch invariance.
+
+Model-free: random weights quantized with `mx.quantize`. Linux only (the package is a Linux
+dependency); there the extension must import, so a broken build fails here instead of skipping.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+import mlxkv_inference  # noqa: F401  (loads the BLAS shim before mlx, as the app does)
+
+if sys.platform != "linux":
+    pytest.skip("mlxkv-cpu-kernels is a Linux-only package", allow_module_level=True)
+
+import mlx.core as mx
+import numpy as np
+from mlxkv_cpu_kernels import blas_status, ops
+
+
+def quantized(n: int, k: int, group_size: int, bits: int, scale_dtype: mx.Dtype, seed: int) -> tuple[mx.array, mx.array, mx.array]:
+    weight = mx.random.normal((n, k), key=mx.random.key(seed))
+    w, scales, biases = mx.quantize(weight, group_size=group_size, bits=bits)
+    return w, scales.astype(scale_dtype), biases.astype(scale_dtype)
+
+
+def rows(m: int, k: int, seed: int) -> mx.array:
+    return mx.random.normal((m, k), key=mx.random.key(seed))
+
+
+def as_numpy(a: mx.array) -> np.ndarray:
+    return np.array(a)
+
+
+@pytest.fixture
+def restore_threads_and_isa() -> Iterator[None]:
+    threads, isa = ops.num_threads(), ops.isa()
+    yield
+    ops.set_num_threads(threads)
+    ops.set_isa(isa)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16])
+def test_native_matches_mx_quantized_matmul(bits: int, group_size: int, scale_dtype: mx.Dtype) -> None:
+    rng = np.random.default_rng(bits * 1000 + group_size)
+    for trial in range(3):
+        n = int(rng.integers(1, 300))
+        k = group_size * int(rng.integers(1, 12))
+        m = int(rng.integers(1, 40))
+        w, scales, biases = quantized(n, k, group_size, bits, scale_dtype, seed=trial)
+        x = rows(m, k, seed=100 + trial)
+        want = mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=group_size, bits=bits)
+        got = ops.quantized_matmul(x, w, scales, biases, group_size, bits)
+        assert got.shape == (m, n) and got.dtype == mx.float32
+        # Only the float summation order differs: fp32 rounding over K terms of size |x||w|.
+        bound = 1e-6 * k * float(np.abs(as_numpy(x)).max()) * (float(np.abs(as_numpy(want)).max()) + 1.0)
+        np.testing.assert_allclose(as_numpy(got), as_numpy(want), rtol=0, atol=bound)
+
+
+def test_one_and_three_dimensional_inputs_keep_leading_shape() -> None:
+    w, scales, biases = quantized(40, 128, 32, 4, mx.float16, seed=1)
+    x3 = mx.random.normal((2, 5, 128), key=mx.random.key(2))
+    y3 = ops.quantized_matmul(x3, w, scales, biases, 32, 4)
+    assert y3.shape == (2, 5, 40)
+    flat = ops.quantized_matmul(x3.reshape(10, 128), w, scales, biases, 32, 4)
+    assert np.array_equal(as_numpy(y3.reshape(10, 40)), as_numpy(flat))
+    y1 = ops.quantized_matmul(x3[1, 3], w, scales, biases, 32, 4)
+    assert y1.shape == (40,)
+    assert np.array_equal(as_numpy(y1), as_numpy(flat[8]))
+
+
+def test_non_contiguous_inputs_give_the_contiguous_result() -> None:
+    w, scales, biases = quantized(48, 256, 64, 8, mx.float32, seed=3)
+    xt = mx.random.normal((256, 6), key=mx.random.key(4)).T  # a transposed view
+    got = ops.quantized_matmul(xt, w, scales, biases, 64, 8)
+    want = ops.quantized_matmul(mx.array(np.ascontiguousarray(as_numpy(xt))), w, scales, biases, 64, 8)
+    assert np.array_equal(as_numpy(got), as_numpy(want))
+
+
+@pytest.mark.parametrize("m", [2, 3, 7, 8, 64, 512])
+def test_a_row_is_bitwise_identical_alone_and_in_any_batch(m: int) -> None:
+    w, scales, biases = quantized(200, 576, 32, 4, mx.float16, seed=5)
+    batch = rows(m, 576, seed=6)
+    together = as_numpy(ops.quantized_matmul(batch, w, scales, biases, 32, 4))
+    for i in sorted({0, m // 2, m - 1}):
+        alone = as_numpy(ops.quantized_matmul(batch[i : i + 1], w, scales, biases, 32, 4))
+        assert np.array_equal(alone[0], together[i]), f"row {i} of {m}"
+
+
+@pytest.mark.usefixtures("restore_threads_and_isa")
+def test_thread_count_does_not_change_a_bit() -> None:
+    w, scales, biases = quantized(1000, 576, 32, 4, mx.float16, seed=7)
+    x = rows(9, 576, seed=8)
+    outputs = []
+    for threads in (1, 2, 3):
+        ops.set_num_threads(threads)
+        assert ops.num_threads() == threads
+        outputs.append(as_numpy(ops.quantized_matmul(x, w, scales, biases, 32, 4)))
+    assert all(np.array_equal(outputs[0], other) for other in outputs[1:])
+
+
+@pytest.mark.usefixtures("restore_threads_and_isa")
+def test_every_instruction_set_gives_the_same_bits() -> None:
+    w, scales, biases = quantized(70, 384, 128, 4, mx.float16, seed=9)
+    x = rows(11, 384, seed=10)
+    outputs = {}
+    for isa in ("avx512", "avx2", "generic"):
+        try:
+            ops.set_isa(isa)
+        except ValueError:
+            continue  # this CPU lacks it
+        outputs[isa] = as_numpy(ops.quantized_matmul(x, w, scales, biases, 128, 4))
+    assert "generic" in outputs and len(outputs) >= 2
+    first = next(iter(outputs.values()))
+    assert all(np.array_equal(first, other) for other in outputs.values())
+
+
+def test_compiled_call_matches_the_eager_one_bitwise() -> None:
+    w, scales, biases = quantized(64, 256, 64, 4, mx.float16, seed=11)
+    x = rows(3, 256, seed=12)
+
+    def step(inp: mx.array) -> mx.array:
+        return mx.tanh(ops.quantized_matmul(inp, w, scales, biases, 64, 4)) * 2.0
+
+    assert np.array_equal(as_numpy(mx.compile(step)(x)), as_numpy(step(x)))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [("bits", "bits must be 4 or 8"), ("group", "group_size must be"), ("dtype", "x must be float32"),
+     ("features", "features")],
+)
+def test_bad_arguments_are_value_errors(change: str, message: str) -> None:
+    w, scales, biases = quantized(16, 128, 32, 4, mx.float32, seed=13)
+    x = rows(2, 128, seed=14)
+    bits, group = 4, 32
+    if change == "bits":
+        bits = 3
+    elif change == "group":
+        group = 16
+    elif change == "dtype":
+        x = x.astype(mx.float16)
+    else:
+        x = rows(2, 96, seed=15)
+    with pytest.raises(ValueError, match=message):
+        ops.quantized_matmul(x, w, scales, biases, group, bits)
+
+
+def test_float_matmul_goes_to_the_shim_and_stays_correct() -> None:
+    assert blas_status().name == "mlxkv-sgemm", blas_status().describe()
+    rng = np.random.default_rng(16)
+    a = rng.standard_normal((37, 300), dtype=np.float32)
+    b = rng.standard_normal((300, 45), dtype=np.float32)
+    got = as_numpy(mx.matmul(mx.array(a), mx.array(b)))
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=0, atol=1e-4)
+    got_t = as_numpy(mx.matmul(mx.array(a), mx.array(b.T).T))  # a transposed operand
+    np.testing.assert_allclose(got_t, got, rtol=0, atol=1e-5)
+
+
+def test_float_matmul_row_is_bitwise_identical_alone_in_a_batch_and_with_b_transposed() -> None:
+    rng = np.random.default_rng(17)
+    a = mx.array(rng.standard_normal((9, 300), dtype=np.float32))
+    b_np = rng.standard_normal((300, 45), dtype=np.float32)
+    b = mx.array(b_np)
+    b_as_transposed = mx.array(np.ascontiguousarray(b_np.T)).T  # same values, the other layout
+    batch = as_numpy(mx.matmul(a, b))
+    for i in (0, 4, 8):
+        assert np.array_equal(as_numpy(mx.matmul(a[i : i + 1], b))[0], batch[i])
+        assert np.array_equal(as_numpy(mx.matmul(a[i : i + 1], b_as_transposed))[0], batch[i])
+    assert np.array_equal(as_numpy(mx.matmul(a[2:5], b)), batch[2:5])

@@ -1,0 +1,65 @@
+"""The embedded model on the native CPU kernels keeps every exactness the mlx path has.
+
+Batch invariance by construction means a token's logits do not depend on how it was computed:
+prefill chunk size, compiled or ordinary decode step, restored or in-memory cache.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlxkv_inference import KvScheme, MlxAutoregressiveBinding
+from mlxkv_inference.binding import config_fingerprint
+from tests.test_kv_persistence import persist_mid_generation, run_fresh_process
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the native CPU kernels are Linux-only")
+
+PROMPT = "Write one sentence about the sea, then one about the mountains, and a last one about the sky."
+
+
+def next_logits(binding: MlxAutoregressiveBinding, prompt: list[int], chunk: int) -> np.ndarray:
+    caches = binding.make_cache()
+    binding.prefill(prompt[:-1], caches, chunk_size=chunk)
+    return np.array(binding.decode(mx.array(prompt[-1:]), caches))
+
+
+def test_embedded_native_prefill_in_chunks_of_7_or_512_gives_identical_logits(embedded_native: MlxAutoregressiveBinding) -> None:
+    prompt = embedded_native.tokenizer.encode(PROMPT)
+    assert len(prompt) > 14
+    assert np.array_equal(next_logits(embedded_native, prompt, 7), next_logits(embedded_native, prompt, 512))
+
+
+def test_embedded_native_compiled_step_equals_the_ordinary_step(embedded_native: MlxAutoregressiveBinding) -> None:
+    prompt = embedded_native.tokenizer.encode(PROMPT)
+    eager, compiled = embedded_native.make_cache(), embedded_native.make_cache()
+    embedded_native.prefill(prompt[:-1], eager)
+    embedded_native.prefill(prompt[:-1], compiled)
+    token = mx.array(prompt[-1:])
+    for _ in range(3):
+        want = np.array(embedded_native.decode(token, eager))
+        got = embedded_native.decode_compiled(token, compiled)
+        assert got is not None
+        assert np.array_equal(np.array(got), want)
+        token = mx.array([int(want.argmax())])
+
+
+def test_embedded_native_restored_cache_continues_exactly_in_a_fresh_process(
+    embedded_native: MlxAutoregressiveBinding, tmp_path: Path
+) -> None:
+    prompt = embedded_native.tokenizer.encode("The three primary colors are")
+    resume, expected = persist_mid_generation(embedded_native, prompt, tmp_path, split=6, tail=8)
+    result = run_fresh_process({"kind": "embedded", "cpu_kernels": "native", "directory": str(tmp_path),
+                                "prompt": resume, "max_tokens": 8})
+    assert result == {"cached": len(resume) - 1, "tokens": expected}
+
+
+def test_cpu_kernels_choice_is_part_of_the_fingerprint_and_mlx_keeps_the_old_one() -> None:
+    config = {"model_type": "llama", "hidden_size": 64}
+    old = config_fingerprint(config, KvScheme(), "digest")
+    assert config_fingerprint(config, KvScheme(), "digest", "mlx") == old
+    assert config_fingerprint(config, KvScheme(), "digest", "native") != old
