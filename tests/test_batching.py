@@ -14,13 +14,18 @@ from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBindi
 from mlxkv_inference.engine.generate import ResumePoint
 from mlxkv_inference.engine.scheduler import BatchScheduler
 from mlxkv_inference.models.batched import decode_batch, rows_invariant
+from mlxkv_inference.models.cpu_kernels import use_native_kernels
 from tests.factories import greedy_token, make_prompt, make_tiny_binding
 
 
-def tiny(kind: str, quantized: bool) -> MlxAutoregressiveBinding:
+def tiny(kind: str, quantized: bool, native: bool = False) -> MlxAutoregressiveBinding:
+    """A tiny model: float32 (its matmuls through the BLAS loaded), or 4-bit through MLX's quantized
+    matmul or, `native`, mlxkv's own kernel."""
     binding = make_tiny_binding(kind, seed=4)
     if quantized:
         nn.quantize(binding.model, group_size=32, bits=4)
+    if native:
+        use_native_kernels(binding.model)
     return binding
 
 
@@ -34,10 +39,14 @@ class NeighbourDependentLinear(nn.Linear):
         return out
 
 
+KERNELS = [(False, False), (True, False), (True, True)]
+KERNEL_IDS = ["float32", "4bit-mlx", "4bit-native"]
+
+
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
-@pytest.mark.parametrize("quantized", [False, True])
-def test_every_row_of_a_batched_step_is_bitwise_the_row_alone(kind: str, quantized: bool) -> None:
-    binding = tiny(kind, quantized)
+@pytest.mark.parametrize(("quantized", "native"), KERNELS, ids=KERNEL_IDS)
+def test_every_row_of_a_batched_step_is_bitwise_the_row_alone(kind: str, quantized: bool, native: bool) -> None:
+    binding = tiny(kind, quantized, native)
     prompts = [make_prompt(3 + 5 * i, seed=i) for i in range(8)]
     alone, stacked = [binding.make_cache() for _ in prompts], [binding.make_cache() for _ in prompts]
     for prompt, a, s in zip(prompts, alone, stacked):
@@ -101,9 +110,11 @@ def scheduled(scheduler: BatchScheduler, binding: MlxAutoregressiveBinding, spec
     return [r.token_ids for r in results if r is not None]
 
 
-@pytest.mark.parametrize(("kind", "quantized"), [("llama", False), ("llama", True), ("qwen3", True), ("gemma3_text", False)])
-def test_staggered_batch_gives_every_sequence_its_tokens_alone(kind: str, quantized: bool) -> None:
-    binding = tiny(kind, quantized)
+@pytest.mark.parametrize(("kind", "quantized", "native"),
+                         [("llama", False, False), ("llama", True, False), ("llama", True, True), ("qwen3", True, True),
+                          ("gemma3_text", False, False)])
+def test_staggered_batch_gives_every_sequence_its_tokens_alone(kind: str, quantized: bool, native: bool) -> None:
+    binding = tiny(kind, quantized, native)
     specs = make_specs(8)
     expected = alone(binding, specs)
     scheduler = BatchScheduler(binding, max_batch=8, prefill_budget=8)
