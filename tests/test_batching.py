@@ -149,7 +149,9 @@ def test_a_resumed_generation_in_a_batch_continues_as_it_would_alone() -> None:
     assert scheduled(BatchScheduler(binding, max_batch=4), binding, specs, make=resumed) == full
 
 
-def test_embedded_model_batch_gives_every_sequence_its_tokens_alone(embedded: MlxAutoregressiveBinding) -> None:
+@pytest.mark.parametrize("fixture", ["embedded", "embedded_native"])
+def test_embedded_model_batch_gives_every_sequence_its_tokens_alone(fixture: str, request: pytest.FixtureRequest) -> None:
+    embedded: MlxAutoregressiveBinding = request.getfixturevalue(fixture)
     texts = ["The capital of France is", "def add(a, b):", "Once upon a time", "1, 2, 3,"]
     specs = [(embedded.tokenizer.encode(t), GenerationParams(max_tokens=6 + i, sampling=SamplingParams(temperature=0.8, seed=i)
                                                              if i % 2 else SamplingParams()))
