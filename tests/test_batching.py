@@ -4,13 +4,15 @@ tokens it produces running alone."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from dataclasses import replace
 
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, SamplingParams
+from mlxkv_inference import Generation, GenerationParams, Grammar, MlxAutoregressiveBinding, SamplingParams
 from mlxkv_inference.engine.generate import ResumePoint
 from mlxkv_inference.engine.scheduler import BatchScheduler
 from mlxkv_inference.models.batched import decode_batch, rows_invariant
@@ -181,3 +183,14 @@ def test_a_short_prompt_gets_its_first_token_while_a_long_one_still_prefills() -
     assert long.result is not None and short.result is not None
     assert (long.result.token_ids, short.result.token_ids) == tuple(
         Generation(binding, g.prompt, params).run().token_ids for g in (long, short))
+
+
+def test_grammar_constrained_rows_batch_with_free_ones_and_match_their_tokens_alone() -> None:
+    binding = tiny("llama", True, True)
+    pattern = r"[a-z]{3}-[0-9]{2,4}"
+    specs = [(prompt, replace(params, grammar=Grammar("regex", pattern), ignore_eos=False) if i % 2 else params)
+             for i, (prompt, params) in enumerate(make_specs(6))]
+    scheduler = BatchScheduler(binding, max_batch=6, prefill_budget=8)
+    got = scheduled(scheduler, binding, specs)
+    assert got == alone(binding, specs) and scheduler.batched_steps > 0
+    assert all(re.fullmatch(pattern, binding.tokenizer.decode(list(tokens))) for tokens in got[1::2])
