@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, SamplingParams, generate_steps, make_sampler
+from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding
 from mlxkv_inference._mlx_lm import mlx_lm_step_tokens, mlx_lm_stream_tokens, wrap_tokenizer
 from mlxkv_inference.tokenizer.gguf_tokenizer import GgufTokenizer
 from tests.factories import TINY_CONFIGS, make_prompt, make_tiny_binding
 
-GREEDY = make_sampler(SamplingParams(), seed=0)
-
 
 def our_tokens(binding: MlxAutoregressiveBinding, prompt: list[int], max_tokens: int, prefill_chunk: int = 512) -> list[int]:
-    steps = generate_steps(binding, prompt, binding.make_cache(), sampler=GREEDY, max_tokens=max_tokens, prefill_chunk=prefill_chunk)
-    return [s.token for s in steps]
+    params = GenerationParams(max_tokens=max_tokens, prefill_chunk=prefill_chunk, ignore_eos=True)
+    return list(Generation(binding, prompt, params).run().token_ids)
 
 
 @pytest.mark.parametrize("kind", sorted(TINY_CONFIGS))

@@ -16,9 +16,7 @@ import pytest
 
 from mlxkv.cli import main
 from mlxkv.progress import PrefillLog
-from mlxkv_inference import MlxAutoregressiveBinding
-from mlxkv_inference.engine.loop import generate_steps
-from mlxkv_inference.engine.sampling import SamplingParams, make_sampler
+from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding
 from tests.factories import make_prompt, make_tiny_binding
 from tests.test_cli_cache import filled
 from tests.test_model_loading import save_mlx_lm_directory
@@ -31,9 +29,8 @@ def prefill_reports(binding: MlxAutoregressiveBinding, prompt: list[int], cached
     caches = binding.make_cache()
     binding.prefill(prompt[:cached], caches)
     reports: list[tuple[int, int]] = []
-    steps = generate_steps(binding, prompt, caches, sampler=make_sampler(SamplingParams(), 0), max_tokens=1,
-                           prefill_chunk=5, snapshot_at=snapshot_at, on_prefill_progress=lambda d, t: reports.append((d, t)))
-    list(steps)
+    Generation(binding, prompt, GenerationParams(max_tokens=1, prefill_chunk=5), caches, snapshot_at=snapshot_at,
+               on_prefill_progress=lambda d, t: reports.append((d, t))).run()
     return reports
 
 

@@ -89,7 +89,7 @@ def full_disk_server(tmp_path: Path) -> Iterator[tuple[TestClient, TieredPromptC
     binding: MlxAutoregressiveBinding = make_tiny_binding("llama")
     cold = open_cold_tier(binding, tmp_path, 1 << 30)
     tiers = TieredPromptCache(1 << 30, cold)
-    engine = LocalEngine(binding, tiers, ssd_store=cold.ssd)
+    engine = LocalEngine(binding, tiers, ssd=cold)
     config = ServeConfig(vocab_size=binding.tokenizer.vocab_size, flush_timeout_s=30)
     with TestClient(build_app(engine, config), raise_server_exceptions=False) as client:
         yield client, tiers

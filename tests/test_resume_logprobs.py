@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mlxkv.engine.cache_services import open_cold_tier
+from mlxkv.engine.cache_services import SsdColdTier, open_cold_tier
 from mlxkv.engine.local_engine import LocalEngine, _Job
 from mlxkv_inference import MlxAutoregressiveBinding
 from mlxkv_inference.engine.generate import CheckpointState
@@ -49,7 +49,7 @@ async def collect(engine: LocalEngine, request: GenerateRequest) -> tuple[list[T
 
 def run(engine_class: type[LocalEngine], binding: MlxAutoregressiveBinding, store: SsdCacheStore,
         request: GenerateRequest) -> tuple[list[TokenLogprob], str, Finished, dict[str, Any]]:
-    engine = engine_class(binding, None, ssd_store=store, checkpoint_every=EVERY)
+    engine = engine_class(binding, None, ssd=SsdColdTier(store), checkpoint_every=EVERY)
     try:
         logprobs, text, finished = asyncio.run(collect(engine, request))
         assert engine.flush(30).durable

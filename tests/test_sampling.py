@@ -6,6 +6,7 @@ import mlx.core as mx
 import pytest
 
 from mlxkv_inference import Generation, GenerationParams, SamplingParams, step_key
+from mlxkv_inference.engine.generate import ResumePoint
 from tests.factories import make_prompt, make_tiny_binding
 
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, seed=1234)
@@ -39,10 +40,13 @@ def test_restart_at_step_k_continues_identically(restart_at: int, sampling: Samp
     prompt = make_prompt(12)
     full = Generation(binding, prompt, GenerationParams(max_tokens=30, sampling=sampling)).run().token_ids
     assert len(full) == 30
+    caches = binding.make_cache()
+    binding.prefill(prompt + list(full[:restart_at]), caches)  # the state a checkpoint after restart_at tokens holds
     resumed = Generation(
-        binding, prompt, GenerationParams(max_tokens=30 - restart_at, sampling=sampling), history=full[:restart_at]
+        binding, prompt, GenerationParams(max_tokens=30, sampling=sampling), caches,
+        resume=ResumePoint(full[:restart_at], full[restart_at]),
     ).run()
-    assert resumed.token_ids == full[restart_at:]
+    assert resumed.token_ids == full
 
 
 def test_unseeded_generation_reports_the_seed_it_chose_and_replays_with_it() -> None:

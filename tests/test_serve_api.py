@@ -23,7 +23,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def engine(embedded: MlxAutoregressiveBinding, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalEngine]:
     tiers, cold = build_tiers(embedded, ram_bytes=1 << 30, ssd_dir=tmp_path_factory.mktemp("ssd"), ssd_bytes=1 << 30)
-    engine = LocalEngine(embedded, tiers, ssd_store=cold.ssd if cold else None)
+    engine = LocalEngine(embedded, tiers, ssd=cold)
     yield engine
     engine.close(30)
 

@@ -28,7 +28,7 @@ def test_resumed_generation_reports_prompt_usage_and_resumed_tokens_apart(tmp_pa
     binding.decodes_left = 10  # the first run fails after its checkpoints at 4 and 8 tokens
     tiers, cold = build_tiers(binding, ram_bytes=1 << 30, ssd_dir=tmp_path / "ssd", ssd_bytes=1 << 30)
     assert cold is not None
-    engine = LocalEngine(binding, tiers, ssd_store=cold.ssd, checkpoint_every=4)
+    engine = LocalEngine(binding, tiers, ssd=cold, checkpoint_every=4)
     body: dict[str, Any] = {"messages": MESSAGES, "max_tokens": MAX_TOKENS}
     try:
         with running(build_app(engine, ServeConfig(vocab_size=TINY_VOCAB))) as url:

@@ -11,6 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from mlxkv.engine.cache_services import SsdColdTier
 from mlxkv.engine.checkpoints import CheckpointWriter
 from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, SamplingParams, load_binding
 from mlxkv_inference.engine.generate import CheckpointState, ResumePoint
@@ -50,7 +51,7 @@ def main() -> None:
     params = GenerationParams(max_tokens=args.tokens, sampling=SamplingParams(temperature=0.8, seed=7), ignore_eos=True)
     directory = Path(tempfile.mkdtemp(prefix="mlxkv-bench-resume-"))
     store = SsdCacheStore(directory, identity(binding), 1 << 30)
-    writer = CheckpointWriter(store)
+    writer = CheckpointWriter(SsdColdTier(store))
     decode_tps(binding, prompt[:4], GenerationParams(max_tokens=4), None, 0)  # warm-up
     on, off = [], []
     for _ in range(args.repeats):

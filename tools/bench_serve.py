@@ -1,6 +1,9 @@
-"""HTTP overhead: time to first token and decode tokens/s over `mlxkv serve` vs in-process, on the
-same greedy prompts (no prompt cache on either side, so both prefill the same tokens); then 4
-concurrent streaming clients. Run: `uv run python tools/bench_serve.py`.
+"""Continuous batching: aggregate decode tok/s and TTFT p50/p99 with 1, 2, 4 and 8 concurrent
+streaming clients, `mlxkv serve --max-batch 8` against `--max-batch 1`, in one run (no prompt
+cache, greedy, distinct prompts). Run: `uv run python -m tools.bench_serve`.
+
+`--overhead`: HTTP overhead instead: time to first token and decode tokens/s over `mlxkv serve`
+vs in-process, on the same greedy prompts; then 4 concurrent streaming clients.
 """
 
 from __future__ import annotations
@@ -60,10 +63,60 @@ def in_process_run(binding: object, prompt: str, max_tokens: int) -> tuple[float
     return first - start, (n - 1) / (last - first), n
 
 
+STREAM_PROMPTS = PROMPTS + ["List five fruits.", "What is a prime number?", "Say hello in French.", "Name a planet.",
+                            "Why is the sky blue?"]
+STREAMS = (1, 2, 4, 8)
+
+
+def concurrent_runs(url: str, streams: int, max_tokens: int) -> tuple[float, list[float]]:
+    """(aggregate decode tok/s, TTFTs) of `streams` simultaneous clients (first tokens excluded)."""
+    results: list[tuple[float, float, int]] = []
+    ends: list[float] = []
+
+    def client(prompt: str) -> None:
+        results.append(http_run(url, prompt, max_tokens))
+        ends.append(time.perf_counter())
+
+    threads = [threading.Thread(target=client, args=(STREAM_PROMPTS[i],)) for i in range(streams)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    first_token = start + min(r[0] for r in results)
+    decoded = sum(r[2] - 1 for r in results)
+    return decoded / (max(ends) - first_token), [r[0] for r in results]
+
+
+def batching(max_tokens: int) -> None:
+    rows: dict[int, list[tuple[float, float, float]]] = {}
+    for max_batch in (1, 8):
+        server = ServerProcess(Path(tempfile.mkdtemp(prefix="mlxkv-bench-serve-")) / "cache", "--no-ssd-cache",
+                               "--prompt-cache-bytes", "0", "--max-batch", str(max_batch))
+        try:
+            http_run(server.url, "Hi", 2)  # warm-up: compiled step
+            for streams in STREAMS:
+                tps, ttfts = concurrent_runs(server.url, streams, max_tokens)
+                ttfts.sort()
+                p99 = ttfts[min(len(ttfts) - 1, round(0.99 * (len(ttfts) - 1)))]
+                rows.setdefault(streams, []).append((tps, statistics.median(ttfts), p99))
+        finally:
+            server.stop()
+    print(f"greedy, {max_tokens} tokens a stream, no prompt cache; aggregate decode tok/s and TTFT p50/p99 (s)")
+    print(f"  {'streams':>7} | {'--max-batch 1':^30} | {'--max-batch 8':^30} | {'8 vs 1':>6}")
+    for streams, ((tps1, p50a, p99a), (tps8, p50b, p99b)) in rows.items():
+        print(f"  {streams:7d} | {tps1:8.2f} t/s {p50a:7.2f} {p99a:7.2f}     | {tps8:8.2f} t/s {p50b:7.2f} {p99b:7.2f}     "
+              f"| {tps8 / tps1:5.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--overhead", action="store_true", help="measure HTTP overhead instead of batching")
     args = parser.parse_args()
+    if not args.overhead:
+        batching(args.max_tokens)
+        return
     binding = load_binding()
     local = [in_process_run(binding, p, args.max_tokens) for p in PROMPTS]
     del binding

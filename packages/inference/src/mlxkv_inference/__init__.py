@@ -10,7 +10,7 @@ from mlxkv_inference.kv_scheme import DEFAULT_QUANTIZED_KV_START, KvScheme
 from mlxkv_inference.engine.constraint import Grammar, GrammarConstraint, compile_grammar
 from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
 from mlxkv_inference.engine.generate import Generation, GenerationParams, GenerationResult, TextDelta
-from mlxkv_inference.engine.loop import TokenStep, generate_steps
+from mlxkv_inference.engine.loop import SequenceRun, TokenStep
 from mlxkv_inference.engine.sampling import SamplingParams, make_sampler, step_key
 from mlxkv_inference.errors import ModelLoadError, UnsupportedModelError
 from mlxkv_inference.models.embedded import EMBEDDED_MODEL_ID, embedded_model_path
@@ -38,7 +38,7 @@ __all__ = [
     "UnsupportedModelError",
     "compile_grammar",
     "embedded_model_path",
-    "generate_steps",
+    "SequenceRun",
     "load_binding",
     "make_sampler",
     "step_key",

@@ -221,3 +221,11 @@ def mlx_lm_prompt_cache_turn(
         pass
     lru.insert_cache("model", (prompt + generated)[: cache[0].offset], cache)
     return elapsed
+
+
+def attention(queries: mx.array, keys: Any, values: Any, cache: Any, scale: float, mask: Any) -> mx.array:
+    """mlx-lm's `scaled_dot_product_attention` (quantized caches included)."""
+    from mlx_lm.models.base import scaled_dot_product_attention
+
+    out: mx.array = scaled_dot_product_attention(queries, keys, values, cache=cache, scale=scale, mask=mask)
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -17,10 +18,13 @@ from mlxkv_inference.cache.compiled import CompiledDecoder
 from mlxkv_inference.cache.factory import LayerCache, make_caches, maybe_quantize
 from mlxkv_inference.cache.recurrent import RecurrentCache
 from mlxkv_inference.kv_scheme import KvScheme
+from mlxkv_inference.models import batched
 from mlxkv_inference.models.cpu_kernels import CpuKernels, use_native_kernels
 from mlxkv_inference.tokenizer.protocol import Tokenizer
 
 DEFAULT_PREFILL_CHUNK = 512
+PROBED_ROWS = 8  # batch sizes the first row-invariance probe covers
+log = logging.getLogger(__name__)
 
 
 class MlxAutoregressiveBinding:
@@ -49,6 +53,7 @@ class MlxAutoregressiveBinding:
         self.tokenizer_hash = tokenizer.content_hash()
         self.config_fingerprint = config_fingerprint(config, kv_scheme, weights_digest, cpu_kernels)
         self._compiled = CompiledDecoder(model)
+        self._invariant_rows = 1  # batch sizes probed row-invariant so far (-1: a kernel is not)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -103,6 +108,26 @@ class MlxAutoregressiveBinding:
         logits = self._compiled.step(token, caches)
         if logits is not None:
             maybe_quantize(caches, self.kv_scheme)
+        return logits
+
+    def can_decode_batch(self, caches: Sequence[Sequence[LayerCache]]) -> bool:
+        """Whether `decode_batch` runs these rows exactly as each would run alone: the graph is
+        one `models.batched` drives and every matmul kind of the model is row-invariant (probed
+        once, for up to `len(caches)` rows)."""
+        if self._invariant_rows < 0 or not batched.can_batch(self.model, self.config, caches):
+            return False
+        if len(caches) > self._invariant_rows:
+            rows = max(len(caches), PROBED_ROWS)
+            self._invariant_rows = rows if batched.rows_invariant(self.model, rows) else -1
+            if self._invariant_rows < 0:
+                log.warning("a matmul kernel of this model is not row-invariant: batched decode runs a graph per row")
+        return len(caches) <= self._invariant_rows
+
+    def decode_batch(self, tokens: mx.array, caches: Sequence[list[LayerCache]]) -> mx.array:
+        """(M, vocab) float32 logits: row i feeds `tokens[i]` into `caches[i]` (see `can_decode_batch`)."""
+        logits = batched.decode_batch(self.model, tokens, caches)
+        for row in caches:
+            maybe_quantize(row, self.kv_scheme)
         return logits
 
     def _forward(self, tokens: mx.array, caches: list[LayerCache]) -> mx.array:

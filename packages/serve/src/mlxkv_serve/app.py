@@ -38,7 +38,7 @@ KNOWN_PATHS = {r.path for r in ROUTES}
 
 
 def build_app(engine: ServeEngine, config: ServeConfig) -> Starlette:
-    state = ServerState(engine, config, ServerMetrics(engine.cache_stats, engine.queue_depth))
+    state = ServerState(engine, config, ServerMetrics(engine.cache_stats, engine.queue_depth, engine.batch_size))
     app = Starlette(
         routes=ROUTES,
         exception_handlers={RequestError: _request_error, ClientGone: _client_gone, HTTPException: _http_error,

@@ -1,4 +1,4 @@
-"""Prometheus metrics: requests, disconnects, failures, queue depth, tokens, time to first token, the prompt cache tiers."""
+"""Prometheus metrics: requests, disconnects, failures, queue depth, batch size, tokens, time to first token, the prompt cache tiers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class ServerMetrics:
-    def __init__(self, cache_stats: Callable[[], Mapping[str, int | float]], queue_depth: Callable[[], int]) -> None:
+    def __init__(self, cache_stats: Callable[[], Mapping[str, int | float]], queue_depth: Callable[[], int],
+                 batch_size: Callable[[], int]) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("mlxkv_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=self.registry)
         self.disconnects = Counter("mlxkv_client_disconnects", "requests the client abandoned before the answer was sent",
@@ -19,6 +20,8 @@ class ServerMetrics:
         self.failures = Counter("mlxkv_generation_failures", "generations that raised (reported as errors)", registry=self.registry)
         self.queue_depth = Gauge("mlxkv_queue_depth", "requests waiting for the engine", registry=self.registry)
         self.queue_depth.set_function(lambda: float(queue_depth()))
+        self.batch_size = Gauge("mlxkv_batch_size", "generations running together", registry=self.registry)
+        self.batch_size.set_function(lambda: float(batch_size()))
         self.prompt_tokens = Counter("mlxkv_prompt_tokens", "prompt tokens received", registry=self.registry)
         self.cached_tokens = Counter("mlxkv_cached_prompt_tokens", "prompt tokens served from the prompt cache", registry=self.registry)
         self.resumed_tokens = Counter("mlxkv_resumed_tokens", "generated tokens restored from checkpoints", registry=self.registry)

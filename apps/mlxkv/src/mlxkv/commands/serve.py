@@ -15,6 +15,7 @@ from typing import Any
 import uvicorn
 
 from mlxkv_inference import MlxAutoregressiveBinding, load_binding
+from mlxkv_inference.engine.scheduler import DEFAULT_MAX_BATCH
 from mlxkv_serve import ServeConfig, bounded_http_protocol, build_app
 from mlxkv_serve.config import loopback_hosts
 
@@ -52,8 +53,14 @@ def register(sub: Any) -> None:
                         help="with the SSD cache: checkpoint every generation every N tokens, so an identical request "
                         "after a crash or restart continues where it stopped (default: 32; 0 turns it off)")
     parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
-                        help="most requests waiting behind the running generation; more get 429 with Retry-After "
+                        help="most requests waiting behind the running generations; more get 429 with Retry-After "
                         f"(default: {DEFAULT_MAX_QUEUE})")
+    parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, metavar="N",
+                        help="most generations decoded together, each token exactly what it would be alone "
+                        f"(default: {DEFAULT_MAX_BATCH}; 1 runs one generation at a time)")
+    parser.add_argument("--max-batch-kv", type=parse_size, default=0, metavar="SIZE",
+                        help="KV memory the running generations may plan for (prompt + max_tokens each); a request "
+                        "that would pass it waits (default: no limit; a request alone always runs)")
     parser.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S, metavar="SECONDS",
                         help="close a connection whose request (headers and body) is not fully read within this time "
                         f"(default: {DEFAULT_REQUEST_TIMEOUT_S:.0f})")
@@ -111,7 +118,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--generation-checkpoint={args.generation_checkpoint} must be >= 0 (0 turns it off)")
     if args.api_key is not None and not args.api_key.strip():
         raise ValueError("--api-key is empty: give a key, or leave the option out to serve without one")
-    for name in ("max_queue", "max_connections", "prefill_step_size"):
+    for name in ("max_queue", "max_batch", "max_connections", "prefill_step_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
     if not args.request_timeout > 0:
@@ -122,9 +129,10 @@ def build_engine(args: argparse.Namespace, binding: MlxAutoregressiveBinding) ->
     """The engine `serve` runs, with the command line's cache, checkpoint, queue and generation settings."""
     tiers, cold = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max,
                               checkpoint_ttl_s=args.checkpoint_ttl * 3600)
-    return LocalEngine(binding, tiers, ssd_store=cold.ssd if cold is not None else None,
+    return LocalEngine(binding, tiers, ssd=cold,
                        checkpoint_every=args.generation_checkpoint, base_params=base_params_from(args),
-                       max_queue=args.max_queue)
+                       max_queue=args.max_queue, max_batch=args.max_batch,
+                       max_batch_kv_bytes=args.max_batch_kv)
 
 
 class GracefulServer(uvicorn.Server):

@@ -1,4 +1,5 @@
-"""Binds the SSD store into the inference package's structural `ColdTier` Protocol.
+"""Binds the SSD store into the inference package's structural `ColdTier` Protocol and the
+engine's `CheckpointStore` Protocol.
 
 The store is identity-bound: it is opened for one model binding (model id, tokenizer hash,
 config fingerprint), so KV is never reused across identities.
@@ -19,13 +20,16 @@ from mlxkv_inference.prompt_cache import ColdHit, ColdRestored, ColdTier, Tiered
 from mlxkv_ssd_cache import (
     DEFAULT_CHECKPOINT_TTL_S, Attachments, CacheHit, KvIdentity, RestoredState, SsdCacheStore, StoreStats,
 )
+from mlxkv_state.header import GenerationCheckpoint
+
+from mlxkv.engine.checkpoints import RestoredCheckpoint
 
 A = TypeVar("A")
 B = TypeVar("B")
 
 
 class SsdColdTier:
-    """`ColdTier` over an `SsdCacheStore`."""
+    """`ColdTier` and `CheckpointStore` over an `SsdCacheStore`."""
 
     def __init__(self, store: SsdCacheStore) -> None:
         self.ssd = store
@@ -57,6 +61,18 @@ class SsdColdTier:
 
     def stats(self) -> StoreStats:
         return self.ssd.stats()
+
+    def save_checkpoint(self, tokens: Sequence[int], caches: Sequence[LayerCache], checkpoint: GenerationCheckpoint) -> bool:
+        return self.ssd.save_checkpoint(tokens, caches, checkpoint)
+
+    def load_checkpoint(self, key: str) -> RestoredCheckpoint | None:
+        state = self.ssd.load_checkpoint(key)
+        if state is None or state.generation_checkpoint is None:
+            return None
+        return RestoredCheckpoint(state.tokens, state.caches, state.generation_checkpoint)
+
+    def remove_checkpoint(self, key: str) -> None:
+        self.ssd.remove_checkpoint(key)
 
 
 def open_cold_tier(

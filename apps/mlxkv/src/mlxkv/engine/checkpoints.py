@@ -10,13 +10,36 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from typing import Protocol
 
 from mlxkv_inference import GenerationParams
 from mlxkv_inference.background_writer import BackgroundWriter, FlushReport
 from mlxkv_inference.cache.factory import LayerCache
-from mlxkv_ssd_cache import KvIdentity, SsdCacheStore
+from mlxkv_ssd_cache import KvIdentity, StoreStats
 from mlxkv_state.header import GenerationCheckpoint
+
+
+@dataclass(frozen=True, slots=True)
+class RestoredCheckpoint:
+    """A durable checkpoint: `caches` hold `tokens` (the prompt and the tokens generated so far)."""
+
+    tokens: tuple[int, ...]
+    caches: list[LayerCache]
+    checkpoint: GenerationCheckpoint
+
+
+class CheckpointStore(Protocol):
+    """Where the engine keeps generation checkpoints (the newest per request key), and the
+    stats of the store behind them."""
+
+    def save_checkpoint(self, tokens: Sequence[int], caches: Sequence[LayerCache], checkpoint: GenerationCheckpoint) -> bool: ...
+
+    def load_checkpoint(self, key: str) -> RestoredCheckpoint | None: ...
+
+    def remove_checkpoint(self, key: str) -> None: ...
+
+    def stats(self) -> StoreStats: ...
 
 
 def request_key(
@@ -43,7 +66,7 @@ class CheckpointWriter:
     """Writes checkpoints behind decode (which never waits on it). Only the newest queued
     checkpoint of a key is written; a removal waits behind that key's running write."""
 
-    def __init__(self, store: SsdCacheStore) -> None:
+    def __init__(self, store: CheckpointStore) -> None:
         self._store = store
         self._writer = BackgroundWriter("mlxkv-checkpoints")
 

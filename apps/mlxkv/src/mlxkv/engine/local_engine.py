@@ -9,23 +9,25 @@ import queue
 import threading
 import time
 import uuid
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Literal
 
 from mlxkv_inference import GenerationParams, Grammar, MlxAutoregressiveBinding, SamplingParams, compile_grammar
 from mlxkv_inference.engine.cached_generation import CachedGenerator
-from mlxkv_inference.engine.generate import CheckpointState, Generation, ResumePoint
-from mlxkv_inference.prompt_cache import TieredPromptCache
+from mlxkv_inference.engine.generate import CheckpointState, Generation, ResumePoint, TextDelta
+from mlxkv_inference.engine.scheduler import DEFAULT_MAX_BATCH, BatchScheduler
+from mlxkv_inference.prompt_cache import ColdRestored, TieredPromptCache
 from mlxkv_inference.tokenizer.chat import encode_chat, template_takes_tools
 from mlxkv_serve import (
     Delta, Event, Failed, Finished, FlushResult, GenerateRequest, PromptTooLongError, QueueFullError, TokenLogprob,
 )
-from mlxkv_ssd_cache import KvIdentity, SsdCacheStore
+from mlxkv_ssd_cache import KvIdentity
 from mlxkv_state.header import GenerationCheckpoint
 
-from mlxkv.engine.checkpoints import CheckpointWriter, request_key
+from mlxkv.engine.checkpoints import CheckpointStore, CheckpointWriter, request_key
 from mlxkv.engine.logprobs import LogprobTrail, render
 from mlxkv.engine.tool_calls import ToolAnswer, ToolUse, chat_messages, template_tools, tool_use
 from mlxkv.progress import PrefillLog
@@ -33,7 +35,50 @@ from mlxkv.progress import PrefillLog
 log = logging.getLogger(__name__)
 KEEP_STATES = 1000
 DEFAULT_MAX_QUEUE = 16
-RETRY_AFTER_S = 1  # a hint only: the queue drains one generation at a time
+READ_POLL_S = 0.05  # how long an idle worker waits on SSD reads before it looks at the queue again
+RETRY_AFTER_S = 1  # a hint only: the queue drains as running generations end
+
+
+Status = Literal["queued", "running", "finished", "cancelled", "failed"]
+
+
+@dataclass(slots=True)
+class GenerationStatus:
+    """What `/v1/generations/{id}` reports; fields stay None until they are known."""
+
+    id: str
+    created: float
+    prompt_tokens: int
+    status: Status = "queued"
+    finish_reason: str | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    seed: int | None = None
+    resumed_tokens: int | None = None
+    checkpointed_tokens: int | None = None
+    error: str | None = None
+
+    def run(self) -> None:
+        self.status = "running"
+
+    def cancel(self) -> None:
+        self.status = "cancelled"
+
+    def resume(self, resumed_tokens: int) -> None:
+        self.resumed_tokens = resumed_tokens
+
+    def checkpoint(self, checkpointed_tokens: int) -> None:
+        self.checkpointed_tokens = checkpointed_tokens
+
+    def fail(self, error: str) -> None:
+        self.status, self.error = "failed", error
+
+    def finish(self, finish_reason: str, completion_tokens: int, cached_tokens: int, seed: int) -> None:
+        self.status = "cancelled" if finish_reason == "cancelled" else "finished"
+        self.finish_reason, self.completion_tokens, self.cached_tokens, self.seed = finish_reason, completion_tokens, cached_tokens, seed
+
+    def as_dict(self) -> dict[str, object]:
+        return {name: value for name, value in asdict(self).items() if value is not None}
 
 
 class _Handle:
@@ -76,6 +121,16 @@ class _Job:
     trail: LogprobTrail | None = None  # the logprobs sent so far, when the request asked for them
 
 
+@dataclass(slots=True)
+class _Active:
+    """A request the scheduler is running."""
+
+    job: _Job
+    generation: Generation
+    answer: ToolAnswer  # tool calls taken out of the text
+    first: float | None = None  # seconds from submission to the first text
+
+
 class LocalEngine:
     def __init__(
         self,
@@ -83,29 +138,40 @@ class LocalEngine:
         tiers: TieredPromptCache | None,
         *,
         context_length: int | None = None,
-        ssd_store: SsdCacheStore | None = None,
+        ssd: CheckpointStore | None = None,
         checkpoint_every: int = 0,
         base_params: GenerationParams = GenerationParams(),
         max_queue: int = DEFAULT_MAX_QUEUE,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_batch_kv_bytes: int = 0,
     ) -> None:
-        """`ssd_store` is the tiers' SSD store (for its stats and for checkpoints); with
+        """`ssd` is the tiers' SSD store (for its stats and for checkpoints); with
         `checkpoint_every` > 0 a generation's state is written behind every so many tokens, and an
         identical request after a crash continues from it. `base_params` gives what a request does
-        not (prefill chunk, compiled decode); at most `max_queue` requests wait behind the running one."""
+        not (prefill chunk, compiled decode); up to `max_batch` generations run together (each
+        token what it would be alone), as long as their KV (prompt and max_tokens, at the model's
+        bytes a token) fits in `max_batch_kv_bytes` (0: no limit; a request alone always runs),
+        and at most `max_queue` requests wait behind them."""
         if max_queue < 1:
             raise ValueError(f"max queue={max_queue} must be >= 1")
+        if max_batch_kv_bytes < 0:
+            raise ValueError(f"max batch KV bytes={max_batch_kv_bytes} must be >= 0 (0: no limit)")
+        self.max_batch_kv_bytes = max_batch_kv_bytes
+        self._kv_bytes_per_token = 0  # learned from the first generation's caches
+        self._held: _Job | None = None  # admitted next, once the running generations' KV leaves room
         self.binding = binding
         self.base_params = base_params
         self.max_queue = max_queue
         self.tiers = tiers
         self._identity = KvIdentity(binding.model_id, binding.tokenizer_hash, binding.config_fingerprint)
-        self._checkpoints = CheckpointWriter(ssd_store) if ssd_store is not None and checkpoint_every > 0 else None
-        self._ssd = ssd_store
+        self._checkpoints = CheckpointWriter(ssd) if ssd is not None and checkpoint_every > 0 else None
+        self._ssd = ssd
         self._checkpoint_every = checkpoint_every
         self.context_length = context_length or int(binding.config.get("max_position_embeddings") or 4096)
         self._generator = CachedGenerator(binding, tiers)
+        self._scheduler = BatchScheduler(binding, max_batch=max_batch, prefill_budget=base_params.prefill_chunk)
         self._queue: queue.Queue[_Job | None] = queue.Queue()
-        self._states: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._states: OrderedDict[str, GenerationStatus] = OrderedDict()
         self._lock = threading.Lock()
         self._worker = threading.Thread(target=self._run, name="mlxkv-engine", daemon=True)
         self._worker.start()
@@ -138,13 +204,25 @@ class LocalEngine:
         handle = _Handle(uuid.uuid4().hex[:24], len(prompt), asyncio.get_running_loop())
         key = request_key(self._identity, "", prompt, params, request.top_logprobs)
         job = _Job(handle, prompt, history_end, params, request.top_logprobs, key, tools)
-        self._remember(handle.generation_id, {"id": handle.generation_id, "status": "queued", "created": time.time(),
-                                              "prompt_tokens": len(prompt)})
+        self._remember(GenerationStatus(handle.generation_id, time.time(), len(prompt)))
         self._queue.put(job)
         return handle
 
     def queue_depth(self) -> int:
         return self._queue.qsize()
+
+    def batch_size(self) -> int:
+        return len(self._scheduler.running)
+
+    @property
+    def largest_batch(self) -> int:
+        """The most generations one step has run."""
+        return self._scheduler.largest_batch
+
+    @property
+    def batched_steps(self) -> int:
+        """Decode steps that ran several generations' rows stacked."""
+        return self._scheduler.batched_steps
 
     def cache_stats(self) -> Mapping[str, int | float]:
         out: dict[str, int | float] = {}
@@ -165,7 +243,7 @@ class LocalEngine:
     def generation_state(self, generation_id: str) -> Mapping[str, object] | None:
         with self._lock:
             state = self._states.get(generation_id)
-            return dict(state) if state is not None else None
+            return state.as_dict() if state is not None else None
 
     def close(self, timeout: float) -> None:
         """Cancel what waits in the queue, let the running generation end, flush the cache."""
@@ -203,41 +281,113 @@ class LocalEngine:
         return list(request.prompt_tokens), None
 
     def _run(self) -> None:
-        while (job := self._queue.get()) is not None:
-            try:
-                self._serve(job)
-            except Exception as e:  # noqa: BLE001 - one failed generation must not stop the worker
-                log.exception("generation %s failed", job.handle.generation_id)
-                self._update(job, status="failed", error=str(e))
-                job.handle.push(Failed(job.handle.generation_id, f"{type(e).__name__}: {e}"))
+        """The scheduler loop: admit waiting requests while the batch has room (a prompt whose
+        prefix is on the SSD joins once its read, done off this thread, is in), then step."""
+        active: dict[int, _Active] = {}
+        reading: list[tuple[_Job, Future[ColdRestored | None]]] = []
+        closing = False
+        while active or reading or not closing:
+            while not closing and len(active) + len(reading) < self._scheduler.max_batch:
+                try:
+                    job = self._held or self._queue.get(block=not active and not reading)
+                except queue.Empty:
+                    break
+                self._held = None
+                if job is not None and (active or reading) and not self._kv_fits(job, [e.job for e in active.values()]
+                                                                                 + [j for j, _ in reading]):
+                    self._held = job
+                    break
+                if job is None:
+                    closing = True  # close(): what is running ends, nothing new is admitted
+                elif (read := self._read_ahead(job)) is not None:
+                    reading.append((job, read))
+                elif (started := self._admit(job)) is not None:
+                    active[id(started.generation)] = started
+            for job, read in [r for r in reading if r[1].done()]:
+                reading.remove((job, read))
+                if (started := self._admit(job, _read_result(read))) is not None:
+                    active[id(started.generation)] = started
+            if not active:
+                wait([read for _, read in reading], READ_POLL_S, FIRST_COMPLETED)
+                continue
+            self._step(active)
+        if self._held is not None:  # waited for KV room when close() came: it ends cancelled
+            self._held.handle.cancel()
+            self._admit(self._held)
         self.binding.release_thread_resources()
 
-    def _serve(self, job: _Job) -> None:
+    def _kv_fits(self, job: _Job, running: list[_Job]) -> bool:
+        """Whether `job` joins the running generations within the KV budget (their prompts and
+        max_tokens at the model's KV bytes a token)."""
+        if not self.max_batch_kv_bytes or not self._kv_bytes_per_token:
+            return True
+        tokens = sum(len(j.prompt) + j.params.max_tokens for j in [*running, job])
+        return tokens * self._kv_bytes_per_token <= self.max_batch_kv_bytes
+
+    def _step(self, active: dict[int, _Active]) -> None:
+        for entry in active.values():
+            if entry.job.handle.cancelled.is_set():
+                entry.generation.cancel()
+        for outcome in self._scheduler.step():
+            entry = active[id(outcome.generation)]
+            if not self._kv_bytes_per_token:
+                self._kv_bytes_per_token = sum(c.bytes_per_token() for c in entry.generation.caches)
+            self._push(entry, outcome.deltas, with_logprobs=True)
+            if outcome.error is not None:
+                del active[id(outcome.generation)]
+                self._fail(entry.job, outcome.error)
+            elif outcome.finished:
+                del active[id(outcome.generation)]
+                self._push(entry, outcome.tail, with_logprobs=False)  # its tokens were answered already
+                self._finish(entry)
+
+    def _read_ahead(self, job: _Job) -> Future[ColdRestored | None] | None:
+        """Start reading the SSD prefix of a request's prompt, when one is longer than RAM's."""
+        if self.tiers is None or job.handle.cancelled.is_set():
+            return None
+        hit = self.tiers.cold_hit(job.prompt, "")
+        return self.tiers.read_cold(hit) if hit is not None else None
+
+    def _admit(self, job: _Job, read: ColdRestored | None = None) -> _Active | None:
+        """Start a request in the scheduler (None when it was cancelled while it waited, or failed)."""
         handle = job.handle
         if handle.cancelled.is_set():
-            self._update(job, status="cancelled")
+            self._update(job, GenerationStatus.cancel)
             handle.push(Finished("cancelled", None, len(job.prompt), 0, 0, 0, handle.generation_id, 0.0))
-            return
-        self._update(job, status="running")
-        generation = self._start(job)
-        answer = ToolAnswer(job.tools, handle.generation_id)
-        first: float | None = None
-        for delta in generation:
-            if first is None:
-                first = time.perf_counter() - job.submitted  # queueing included, as a client sees it
-            if handle.cancelled.is_set():
-                generation.cancel()
-            # The held-back tail gets no logprobs: its token was answered with the delta it came in.
+            return None
+        self._update(job, GenerationStatus.run)
+        try:
+            generation = self._start(job, read)
+            entry = _Active(job, generation, ToolAnswer(job.tools, handle.generation_id))
+            self._push(entry, self._scheduler.add(generation), with_logprobs=True)
+        except Exception as e:  # noqa: BLE001 - one failed generation must not stop the worker
+            self._fail(job, e)
+            return None
+        return entry
+
+    def _push(self, entry: _Active, deltas: Sequence[TextDelta], *, with_logprobs: bool) -> None:
+        job = entry.job
+        for delta in deltas:
+            if entry.first is None:
+                entry.first = time.perf_counter() - job.submitted  # queueing included, as a client sees it
             logprobs: tuple[TokenLogprob, ...] = ()
-            if job.trail is not None and generation.result is None:
+            if job.trail is not None and with_logprobs:
                 logprobs = (render(self.binding.tokenizer, *job.trail.next(delta.step)),)
-            text = answer.feed(delta.text)
+            text = entry.answer.feed(delta.text)
             if text or logprobs:
-                handle.push(Delta(text, logprobs))
+                job.handle.push(Delta(text, logprobs))
+
+    def _fail(self, job: _Job, error: Exception) -> None:
+        log.error("generation %s failed", job.handle.generation_id, exc_info=error)
+        self._update(job, lambda s: s.fail(str(error)))
+        job.handle.push(Failed(job.handle.generation_id, f"{type(error).__name__}: {error}"))
+
+    def _finish(self, entry: _Active) -> None:
+        job, generation, handle = entry.job, entry.generation, entry.job.handle
         self._generator.settle(generation)
         result = generation.result
         assert result is not None
-        rest, calls = answer.finish(result.text)
+        rest, calls = entry.answer.finish(result.text)
         if rest:
             handle.push(Delta(rest))
         if self._checkpoints is not None and result.finish_reason != "cancelled":
@@ -246,29 +396,27 @@ class LocalEngine:
         # usage counts those apart, so cached tokens never exceed the prompt.
         cached = min(result.cached_tokens, result.prompt_tokens)
         resumed = result.cached_tokens - cached
-        self._update(job, status=result.finish_reason if result.finish_reason == "cancelled" else "finished",
-                     finish_reason=result.finish_reason, completion_tokens=result.generated_tokens,
-                     cached_tokens=cached, seed=result.seed)
+        self._update(job, lambda s: s.finish(result.finish_reason, result.generated_tokens, cached, result.seed))
         handle.push(Finished("tool_calls" if calls else result.finish_reason, generation.stop_string, result.prompt_tokens,
-                             result.generated_tokens, cached, result.seed, handle.generation_id, first or 0.0, resumed, calls))
+                             result.generated_tokens, cached, result.seed, handle.generation_id, entry.first or 0.0, resumed, calls))
 
-    def _start(self, job: _Job) -> Generation:
+    def _start(self, job: _Job, read: ColdRestored | None) -> Generation:
         """A generation continuing this request's checkpoint if one is durable, else a new one."""
         on_checkpoint = (lambda state: self._save_checkpoint(job, state)) if self._checkpoints else None
         restored = self._ssd.load_checkpoint(job.key) if self._checkpoints and self._ssd else None
-        checkpoint = restored.generation_checkpoint if restored is not None else None
         job.trail = LogprobTrail(job.top_logprobs) if job.top_logprobs is not None else None
-        if restored is not None and checkpoint is not None and _fits(checkpoint, restored.tokens, job.prompt, job.trail):
+        if restored is not None and _fits(restored.checkpoint, restored.tokens, job.prompt, job.trail):
+            checkpoint = restored.checkpoint
             sampling = replace(job.params.sampling, seed=checkpoint.seed)
             if job.trail is not None and checkpoint.logprobs is not None:
                 job.trail = LogprobTrail(job.trail.top, (*checkpoint.generated_tokens, checkpoint.pending_token), checkpoint.logprobs)
-            self._update(job, resumed_tokens=len(checkpoint.generated_tokens))
-            return Generation(
-                self.binding, job.prompt, replace(job.params, sampling=sampling), caches=restored.caches,
-                resume=ResumePoint(checkpoint.generated_tokens, checkpoint.pending_token),
+            self._update(job, lambda s: s.resume(len(checkpoint.generated_tokens)))
+            return self._generator.start(
+                job.prompt, replace(job.params, sampling=sampling),
+                resume=(restored.caches, ResumePoint(checkpoint.generated_tokens, checkpoint.pending_token)),
                 checkpoint_every=self._checkpoint_every, on_checkpoint=on_checkpoint,
             )
-        return self._generator.start(job.prompt, job.params, history_end=job.history_end,
+        return self._generator.start(job.prompt, job.params, history_end=job.history_end, read=read,
                                      checkpoint_every=self._checkpoint_every, on_checkpoint=on_checkpoint,
                                      on_prefill_progress=PrefillLog(f"generation {job.handle.generation_id}"))
 
@@ -280,17 +428,27 @@ class LocalEngine:
             logprobs=job.trail.for_checkpoint(state) if job.trail is not None else None,
         )
         self._checkpoints.save(job.prompt + list(state.generated), state.caches, checkpoint)
-        self._update(job, checkpointed_tokens=len(state.generated))
+        self._update(job, lambda s: s.checkpoint(len(state.generated)))
 
-    def _remember(self, generation_id: str, state: dict[str, Any]) -> None:
+    def _remember(self, state: GenerationStatus) -> None:
         with self._lock:
-            self._states[generation_id] = state
+            self._states[state.id] = state
             while len(self._states) > KEEP_STATES:
                 self._states.popitem(last=False)
 
-    def _update(self, job: _Job, **changes: Any) -> None:
+    def _update(self, job: _Job, change: Callable[[GenerationStatus], None]) -> None:
         with self._lock:
-            self._states.get(job.handle.generation_id, {}).update(changes)
+            state = self._states.get(job.handle.generation_id)
+            if state is not None:
+                change(state)
+
+
+def _read_result(read: Future[ColdRestored | None]) -> ColdRestored | None:
+    error = read.exception()
+    if error is not None:  # the read failed: the prompt is served from RAM or prefilled
+        log.warning("prompt cache read failed: %s: %s", type(error).__name__, error)
+        return None
+    return read.result()
 
 
 def _fits(checkpoint: GenerationCheckpoint, tokens: Sequence[int], prompt: list[int], trail: LogprobTrail | None) -> bool:

@@ -8,8 +8,9 @@ from collections.abc import Callable, Sequence
 from mlxkv_inference.binding import MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.reuse import all_trimmable
-from mlxkv_inference.engine.generate import CheckpointState, Generation, GenerationParams
+from mlxkv_inference.engine.generate import CheckpointState, Generation, GenerationParams, ResumePoint
 from mlxkv_inference.engine.loop import PrefillProgress
+from mlxkv_inference.prompt_cache.cold_tier import ColdRestored
 from mlxkv_inference.prompt_cache.tiered import Fetched, TieredPromptCache
 
 
@@ -27,6 +28,8 @@ class CachedGenerator:
         ns: str = "",
         *,
         history_end: int | None = None,
+        resume: tuple[list[LayerCache], ResumePoint] | None = None,
+        read: ColdRestored | None = None,
         checkpoint_every: int = 0,
         on_checkpoint: Callable[[CheckpointState], None] | None = None,
         on_prefill_progress: PrefillProgress | None = None,
@@ -36,8 +39,15 @@ class CachedGenerator:
         Prefill pauses to snapshot the prompt state at `history_end` (the end of a chat's templated
         history, before the new assistant turn) and at the end of the prompt, so the next turn hits
         even when sliding-window or recurrent layers make the caches untrimmable.
+
+        With `resume` (a checkpoint's caches and where it stood) the generation continues from
+        there instead: nothing is fetched or prefilled. `read`: the cold tier's prefix of `prompt`,
+        read ahead off this thread (`TieredPromptCache.read_cold`).
         """
-        fetched = self.tiers.fetch(prompt, ns) if self.tiers is not None else Fetched(None, 0, None)
+        if resume is not None:
+            return Generation(self.binding, prompt, params, caches=resume[0], resume=resume[1],
+                              checkpoint_every=checkpoint_every, on_checkpoint=on_checkpoint)
+        fetched = self.tiers.fetch(prompt, ns, read) if self.tiers is not None else Fetched(None, 0, None)
         points = [len(prompt) - 1] + ([history_end] if history_end is not None else [])
         return Generation(
             self.binding, prompt, params, caches=fetched.caches,

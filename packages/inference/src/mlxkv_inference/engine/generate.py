@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import mlx.core as mx
 
@@ -15,7 +15,7 @@ from mlxkv_inference.engine.constraint import Grammar, GrammarConstraint
 from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
 from mlxkv_inference.engine.logits import context_window, make_logits_processors
 from mlxkv_inference.cache.reuse import covered_tokens, frozen_copy
-from mlxkv_inference.engine.loop import PrefillProgress, TokenStep, generate_steps
+from mlxkv_inference.engine.loop import Decoder, PrefillProgress, SequenceRun, TokenStep
 from mlxkv_inference.engine.sampling import SamplingParams, choose_seed, make_sampler
 
 FinishReason = Literal["stop", "length", "cancelled"]
@@ -87,9 +87,12 @@ class GenerationResult:
 
 
 class Generation:
-    """One generation: iterate for `TextDelta`s, then read `result`.
+    """One generation: iterate for `TextDelta`s, then read `result`; or let a scheduler drive it
+    (`start`, `prefill` under a token budget, one `decode_input`/`accept` per decode step,
+    `finish`), alone or with others.
 
-    Generated token ids exclude the EOS token and any token after a stop string.
+    Generated token ids exclude the EOS token and any token after a stop string. The one way to
+    continue a generation is `resume`: its caches already hold the prompt and the generated tokens.
     """
 
     def __init__(
@@ -99,7 +102,6 @@ class Generation:
         params: GenerationParams,
         caches: list[LayerCache] | None = None,
         *,
-        history: Sequence[int] = (),
         snapshot_at: Sequence[int] = (),
         on_snapshot: Callable[[Sequence[int], list[LayerCache]], None] | None = None,
         resume: ResumePoint | None = None,
@@ -108,82 +110,51 @@ class Generation:
         on_prefill_progress: PrefillProgress | None = None,
     ) -> None:
         self._binding = binding
-        self._on_prefill_progress = on_prefill_progress
         self._params = params
         self.seed = params.sampling.seed if params.sampling.seed is not None else choose_seed()
         self.caches = caches if caches is not None else binding.make_cache()
         self.cached_tokens = covered_tokens(self.caches)
-        # `history` restarts a generation: its tokens were generated before, at steps 0..k-1.
-        # `resume` continues one from a checkpoint: its caches already hold the generated tokens.
         self._resume = resume
-        replayed = list(resume.generated) if resume is not None else list(history)
+        replayed = list(resume.generated) if resume is not None else []
         self.prompt = list(prompt) + replayed
-        self._replayed = replayed
-        self._first_step = len(replayed)
         self._original_prompt = len(prompt)
+        self._max_new = params.max_tokens - len(replayed)
+        self._run = SequenceRun(
+            binding, self.prompt, self.caches, sampler=make_sampler(params.sampling, self.seed),
+            processors=make_logits_processors(params.sampling), context_window=context_window(params.sampling),
+            first_step=len(replayed), pending=resume.pending if resume is not None else None,
+            constraint=GrammarConstraint(params.grammar, binding.tokenizer, replay=replayed) if params.grammar is not None else None,
+        )
+        self._decoder = Decoder(binding, self.caches, params.compiled_decode)
+        self._points = sorted({p for p in snapshot_at if self.cached_tokens < p <= len(self.prompt) - 1})
+        self._on_snapshot = on_snapshot
+        self._on_prefill_progress = on_prefill_progress if resume is None else None
+        self._prefill_total = self._run.prefill_left
         self._checkpoint_every = checkpoint_every
         self._on_checkpoint = on_checkpoint
         self._tokens: list[int] = []
         self._yielded: list[int] = []  # every token the loop produced, EOS included
-        self._snapshot_at = tuple(snapshot_at)
-        self._on_snapshot = on_snapshot
+        self._emitted = 0  # tokens produced in this run (a resumed pending token included)
+        self._last_step: TokenStep | None = None
         self._detok = IncrementalDetokenizer(binding.tokenizer, params.stop)
         self._finish: FinishReason = "length"
         self._cancelled = False
+        self.done = False
         self._t0 = 0.0
         self._t_first = 0.0
         self._t_end = 0.0
         self.result: GenerationResult | None = None
 
     def __iter__(self) -> Iterator[TextDelta]:
-        self._t0 = time.perf_counter()
-        sampling = self._params.sampling
-        if self._resume is not None:
-            for token in self._resume.generated:  # the text already generated, sent again first
-                self._tokens.append(token)
-                self._yielded.append(token)
-                yield TextDelta(self._detok.add(token), None)
-        steps = generate_steps(
-            self._binding,
-            self.prompt,
-            self.caches,
-            sampler=make_sampler(sampling, self.seed),
-            max_tokens=self._params.max_tokens - self._first_step if self._resume is not None else self._params.max_tokens,
-            processors=make_logits_processors(sampling),
-            context_window=context_window(sampling),
-            prefill_chunk=self._params.prefill_chunk,
-            first_step=self._first_step,
-            on_prefill_done=self._mark_first,
-            compiled_decode=self._params.compiled_decode,
-            snapshot_at=self._snapshot_at,
-            on_snapshot=self._snapshot if self._on_snapshot is not None else None,
-            resume_pending=self._resume.pending if self._resume is not None else None,
-            checkpoint_every=self._checkpoint_every,
-            on_checkpoint=self._checkpoint if self._on_checkpoint is not None else None,
-            on_prefill_progress=self._on_prefill_progress,
-            constraint=self._constraint(),
-        )
-        step: TokenStep | None = None
-        for step in steps:
+        yield from self.start()
+        while self.prefilling:
+            self.prefill(self._prefill_total)
+        while not self.done:
             if self._cancelled:
-                self._finish = "cancelled"
+                self._stop("cancelled")
                 break
-            self._yielded.append(step.token)
-            if step.token in self._binding.eos_token_ids and not self._params.ignore_eos:
-                self._finish = "stop"
-                break
-            self._tokens.append(step.token)
-            text = self._detok.add(step.token)
-            if self._detok.stopped:
-                self._finish = "stop"
-                yield TextDelta(text, step)
-                break
-            yield TextDelta(text, step)
-        tail = self._detok.finish()
-        self._t_end = time.perf_counter()
-        self.result = self._make_result()
-        if tail:
-            yield TextDelta(tail, step)
+            yield from self.accept(self.decode_alone() if self.needs_step else None)
+        yield from self.finish()
 
     def run(self) -> GenerationResult:
         """Consume the whole generation and return its result."""
@@ -193,8 +164,102 @@ class Generation:
         return self.result
 
     def cancel(self) -> None:
-        """Stop before the next token (from the thread iterating this generation)."""
+        """Stop before the next token (from the thread driving this generation)."""
         self._cancelled = True
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    # -- the phases a scheduler drives -------------------------------------------------------
+    def start(self) -> list[TextDelta]:
+        """Start the clock; a resumed generation's text so far, sent again first."""
+        self._t0 = time.perf_counter()
+        if self._on_prefill_progress is not None and self._prefill_total > 0:
+            self._on_prefill_progress(0, self._prefill_total)
+        if self._max_new < 1:
+            self.done = True
+        replay: list[TextDelta] = []
+        for token in self._resume.generated if self._resume is not None else ():
+            self._tokens.append(token)
+            self._yielded.append(token)
+            replay.append(TextDelta(self._detok.add(token), None))
+        return replay
+
+    @property
+    def prefilling(self) -> bool:
+        return not self.done and self._run.prefill_left > 0
+
+    def prefill(self, budget: int) -> int:
+        """Feed up to `budget` prompt tokens (stopping at the next snapshot point, which is then
+        taken); returns how many were fed."""
+        run = self._run
+        point = next((p for p in self._points if p > run.cached), run.prefill_end)
+        upto = min(point, run.cached + max(budget, 0))
+        before = run.cached
+        report = self._on_prefill_progress
+        done_before = before - (run.prefill_end - self._prefill_total)
+        run.prefill(upto, self._params.prefill_chunk,
+                    None if report is None else (lambda fed: report(done_before + fed, self._prefill_total)))
+        if upto in self._points and self._on_snapshot is not None:
+            self._on_snapshot(self.prompt[:upto], self.caches)
+        return upto - before
+
+    @property
+    def needs_step(self) -> bool:
+        """Whether the next token comes from a decode step (not a resumed pending token)."""
+        return not self.done and not self.prefilling and not (self._resume is not None and self._emitted == 0)
+
+    @property
+    def prefill_chunk(self) -> int:
+        return self._params.prefill_chunk
+
+    def decode_input(self) -> mx.array:
+        return self._run.decode_input()
+
+    def decode_alone(self) -> mx.array:
+        """(1, vocab) logits of feeding `decode_input()` through this generation's own graph."""
+        return self._decoder(self.decode_input())
+
+    def accept(self, logits: mx.array | None) -> list[TextDelta]:
+        """Take the next token: sampled from `logits` (1, vocab) of feeding `decode_input()`,
+        or, with None, a resumed generation's pending token. The caches hold the prompt and the
+        tokens fed so far; a due checkpoint is taken here, before the token is fed."""
+        if self._cancelled:
+            self._stop("cancelled")
+            return []
+        step = self._run.sample(logits) if logits is not None else self._run.take_pending()
+        assert step is not None
+        self._last_step = step
+        n = self._emitted
+        if n > 0 and self._checkpoint_every and self._on_checkpoint is not None and n % self._checkpoint_every == 0:
+            self._checkpoint(step)
+        self._emitted += 1
+        if n == 0:
+            self._t_first = time.perf_counter()
+        if n % 256 == 255:
+            mx.clear_cache()
+        if self._emitted >= self._max_new:
+            self.done = True
+        self._yielded.append(step.token)
+        if step.token in self._binding.eos_token_ids and not self._params.ignore_eos:
+            self._stop("stop")
+            return []
+        self._tokens.append(step.token)
+        text = self._detok.add(step.token)
+        if self._detok.stopped:
+            self._stop("stop")
+        return [TextDelta(text, step)]
+
+    def finish(self) -> list[TextDelta]:
+        """End the generation (cancelled, if it was not done): set `result`; the held-back text."""
+        if not self.done:
+            self._stop("cancelled")
+        tail = self._detok.finish()
+        self._t_end = time.perf_counter()
+        self.result = self._make_result()
+        last = self._last_step
+        return [TextDelta(tail, last)] if tail else []
 
     @property
     def stop_string(self) -> str | None:
@@ -205,31 +270,22 @@ class Generation:
         """The tokens the caches hold now: the prompt and the generated tokens fed so far."""
         return (self.prompt + self._yielded)[: covered_tokens(self.caches)]
 
-    def _constraint(self) -> GrammarConstraint | None:
-        grammar = self._params.grammar
-        if grammar is None:
-            return None
-        return GrammarConstraint(grammar, self._binding.tokenizer, replay=self._replayed)
+    def _stop(self, reason: FinishReason) -> None:
+        self._finish = reason
+        self.done = True
 
-    def _checkpoint(self, pending: int, emitted: int, logprobs: mx.array) -> None:
+    def _checkpoint(self, pending: TokenStep) -> None:
         assert self._on_checkpoint is not None
         generated = tuple(self._yielded)
-        # The caches hold exactly the prompt and `generated` here (the loop calls back between steps).
+        # The caches hold exactly the prompt and `generated` here: `pending` is not fed yet.
         copies = frozen_copy(self.caches, covered_tokens(self.caches))
-        self._on_checkpoint(CheckpointState(generated, pending, copies, self.seed, logprobs))
-
-    def _snapshot(self, num_tokens: int) -> None:
-        assert self._on_snapshot is not None
-        self._on_snapshot(self.prompt[:num_tokens], self.caches)
-
-    def _mark_first(self) -> None:
-        self._t_first = time.perf_counter()
+        self._on_checkpoint(CheckpointState(generated, pending.token, copies, self.seed, pending.logprobs))
 
     def _make_result(self) -> GenerationResult:
         prefilled = len(self.prompt) - self.cached_tokens
         ttft = self._t_first - self._t0
         decode_time = self._t_end - self._t_first
-        n = len(self._tokens) - (self._first_step if self._resume is not None else 0)  # decoded in this run
+        n = len(self._tokens) - (len(self._resume.generated) if self._resume is not None else 0)  # decoded in this run
         return GenerationResult(
             token_ids=tuple(self._tokens),
             text=self._detok.text,

@@ -1,19 +1,22 @@
-"""The autoregressive loop: chunked prefill, then pipelined decode.
+"""The autoregressive loop of one sequence, in two phases a scheduler drives.
 
     prompt  p0 p1 ... p(n-2) | p(n-1)          -> y0
-            ^ prefill chunks   ^ first decode
-    decode  y0 -> y1, y1 -> y2, ...  (step i+1 is queued with mx.async_eval before y(i) is read)
+            ^ prefill         ^ first decode step feeds it
+    decode  y0 -> y1, y1 -> y2, ...             (one step feeds the last sampled token)
+
+A resumed sequence starts with its caches holding the whole prompt (the original prompt and the
+tokens generated before the restart) and the token sampled next but never fed: that one is its
+first token, produced without a step.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
 
-from mlxkv_inference import _mlx_lm
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.reuse import covered_tokens
@@ -29,119 +32,107 @@ PrefillProgress = Callable[[int, int], None]
 
 @dataclass(frozen=True, slots=True)
 class TokenStep:
-    """One generated token, its step index and the log-probabilities it was sampled from."""
+    """One generated token, its step index and the log-probabilities it was sampled from
+    (empty for a resumed pending token: the step that sampled it ran before the restart)."""
 
     token: int
     step: int
     logprobs: mx.array
 
 
-def generate_steps(
-    binding: MlxAutoregressiveBinding,
-    prompt: Sequence[int],
-    caches: list[LayerCache],
-    *,
-    sampler: Sampler,
-    max_tokens: int,
-    processors: Sequence[LogitsProcessor] = (),
-    context_window: int = 0,
-    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-    first_step: int = 0,
-    on_prefill_done: Callable[[], None] | None = None,
-    compiled_decode: bool = True,
-    snapshot_at: Sequence[int] = (),
-    on_snapshot: Callable[[int], None] | None = None,
-    resume_pending: int | None = None,
-    checkpoint_every: int = 0,
-    on_checkpoint: Callable[[int, int, mx.array], None] | None = None,
-    on_prefill_progress: PrefillProgress | None = None,
-    constraint: GrammarConstraint | None = None,
-) -> Iterator[TokenStep]:
-    """Yield up to `max_tokens` tokens continuing `prompt` (which must not be empty).
+class SequenceRun:
+    """One sequence: `prefill` its prompt up to given points, then `sample` one token per decode
+    step from the logits of feeding `decode_input()` (the caller runs the model, alone or batched).
 
-    `caches` may already hold a prefix of `prompt`; only the uncached tail is fed. Step indices
-    start at `first_step` (the sampler derives each step's key from it). After the consumer stops
-    at token i, the caches cover `prompt` plus the tokens the loop fed (i included unless it was
-    the last of `max_tokens`). Prefill pauses at each of `snapshot_at` (token counts) and calls
-    `on_snapshot(n)` while the caches hold exactly the first n prompt tokens.
-
-    Resuming (`resume_pending`): the caches already hold all of `prompt` and the token sampled
-    next (but never fed) is given; it is yielded first, at step `first_step`, and nothing is
-    prefilled. Every `checkpoint_every` tokens, `on_checkpoint(pending, emitted, logprobs)` is
-    called while the caches hold `prompt` plus the `emitted` tokens yielded so far and `pending`
-    has been sampled (from `logprobs`) but not fed: the state a resumed generation starts from.
-
-    Prefill feeds the uncached prompt but its last token (the first decode step takes that one);
-    `on_prefill_progress(done, total)` counts those tokens, from (0, total) on, once per chunk.
-
-    `constraint` masks every step's logits to what its grammar allows; it consumes each token fed
-    after the prompt. Its mask needs the previous token on the host, so a constrained step reads
-    that token while its own forward pass already runs, and computes the mask meanwhile.
+    Step indices start at `first_step` (the sampler derives each step's key from it).
+    `constraint` masks every step's logits to what its grammar allows; it consumes each token
+    fed after the prompt (a resumed one's replayed tokens are its own to replay).
     """
-    if not prompt:
-        raise ValueError("prompt must hold at least one token")
-    if max_tokens < 1:
-        return
-    cached = covered_tokens(caches)
-    if resume_pending is None and cached >= len(prompt):
-        raise ValueError(f"caches already hold {cached} tokens; the prompt has only {len(prompt)}")
-    if resume_pending is not None and cached != len(prompt):
-        raise ValueError(f"resuming needs caches holding the whole prompt ({len(prompt)}), not {cached}")
-    first_uncached, total = cached, len(prompt) - 1 - cached
-    report = on_prefill_progress if resume_pending is None and total > 0 else None
-    if report is not None:
-        report(0, total)
-    for point in sorted({p for p in snapshot_at if cached < p <= len(prompt) - 1}):
-        binding.prefill(prompt[cached:point], caches, prefill_chunk, _chunk_reporter(report, cached - first_uncached, total))
-        cached = point
-        if on_snapshot is not None:
-            on_snapshot(point)
-    if resume_pending is None:
-        binding.prefill(prompt[cached:-1], caches, prefill_chunk, _chunk_reporter(report, cached - first_uncached, total))
-    window = context_window if processors else 0
-    seen = list(prompt) if resume_pending is not None else list(prompt[:-1])
-    history = mx.array(seen[-window:] if window else [], dtype=mx.int32)
 
-    decode = _Decoder(binding, caches, compiled_decode)
+    def __init__(
+        self,
+        binding: MlxAutoregressiveBinding,
+        prompt: Sequence[int],
+        caches: list[LayerCache],
+        *,
+        sampler: Sampler,
+        processors: Sequence[LogitsProcessor] = (),
+        context_window: int = 0,
+        first_step: int = 0,
+        pending: int | None = None,
+        constraint: GrammarConstraint | None = None,
+    ) -> None:
+        if not prompt:
+            raise ValueError("prompt must hold at least one token")
+        cached = covered_tokens(caches)
+        if pending is None and cached >= len(prompt):
+            raise ValueError(f"caches already hold {cached} tokens; the prompt has only {len(prompt)}")
+        if pending is not None and cached != len(prompt):
+            raise ValueError(f"resuming needs caches holding the whole prompt ({len(prompt)}), not {cached}")
+        self.binding = binding
+        self.prompt = list(prompt)
+        self.caches = caches
+        self.cached = cached  # prompt tokens the caches hold
+        self.prefill_end = len(prompt) if pending is not None else len(prompt) - 1
+        self.step = first_step
+        self._sampler = sampler
+        self._processors = tuple(processors)
+        self._window = context_window if processors else 0
+        seen = self.prompt if pending is not None else self.prompt[:-1]
+        self._history = mx.array(seen[-self._window :] if self._window else [], dtype=mx.int32)
+        self._pending = pending
+        self._first_step = first_step
+        self._constraint = constraint
+        self._next = mx.array([self.prompt[-1]], dtype=mx.uint32) if pending is None else None
 
-    def step(tokens: mx.array, index: int) -> tuple[mx.array, mx.array]:
-        nonlocal history
-        logits = decode(tokens)
-        if constraint is not None:
-            _mlx_lm.async_eval(logits)  # the forward pass runs while the host computes the mask
-            if index > first_step:  # `tokens` was generated (at step index - 1), not the prompt's end
-                constraint.consume(_token(tokens))
-            logits = constraint.apply(logits)
-        if window:
-            history = mx.concatenate([history, tokens.astype(mx.int32)])[-window:]
-        for processor in processors:
-            logits = processor(history, logits)
+    @property
+    def prefill_left(self) -> int:
+        return self.prefill_end - self.cached
+
+    def prefill(self, upto: int, chunk: int = DEFAULT_PREFILL_CHUNK, on_chunk: Callable[[int], None] | None = None) -> None:
+        """Feed prompt tokens until the caches hold the first `upto` of them."""
+        if not self.cached <= upto <= self.prefill_end:
+            raise ValueError(f"prefill to {upto} is outside [{self.cached}, {self.prefill_end}]")
+        self.binding.prefill(self.prompt[self.cached : upto], self.caches, chunk, on_chunk)
+        self.cached = upto
+
+    def take_pending(self) -> TokenStep | None:
+        """A resumed sequence's first token (no step runs for it); None otherwise."""
+        if self._pending is None:
+            return None
+        token, self._pending = self._pending, None
+        self._next = mx.array([token], dtype=mx.uint32)
+        step = TokenStep(token, self.step, mx.zeros((0,)))
+        self.step += 1
+        return step
+
+    def decode_input(self) -> mx.array:
+        """The (1,) token the next decode step feeds into this sequence's caches."""
+        assert self._next is not None and self.prefill_left == 0 and self._pending is None
+        return self._next
+
+    def sample(self, logits: mx.array) -> TokenStep:
+        """The token sampled from (1, vocab) `logits` of feeding `decode_input()` (evaluated)."""
+        fed = self.decode_input()
+        if self._constraint is not None:
+            if self.step > self._first_step:  # `fed` was generated (at step - 1), not the prompt's end
+                self._constraint.consume(_token(fed))
+            logits = self._constraint.apply(logits)
+        if self._window:
+            self._history = mx.concatenate([self._history, fed.astype(mx.int32)])[-self._window :]
+        for processor in self._processors:
+            logits = processor(self._history, logits)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        return sampler(logprobs, index), logprobs.squeeze(0)
-
-    if resume_pending is None:
-        y, logprobs = step(mx.array([prompt[-1]]), first_step)
-        _mlx_lm.async_eval(y, logprobs)
-    else:  # its logprobs were not kept: the step that sampled it ran before the restart
-        y, logprobs = mx.array([resume_pending], dtype=mx.uint32), mx.zeros((0,))
-    for n in range(max_tokens):
-        if n > 0 and checkpoint_every and on_checkpoint is not None and n % checkpoint_every == 0:
-            on_checkpoint(_token(y), n, logprobs)
-        if n + 1 < max_tokens:
-            next_y, next_logprobs = step(y, first_step + n + 1)
-            _mlx_lm.async_eval(next_y, next_logprobs)
-        if n == 0 and on_prefill_done is not None:
-            mx.eval(y)
-            on_prefill_done()
-        yield TokenStep(token=_token(y), step=first_step + n, logprobs=logprobs)
-        if n % 256 == 255:
-            mx.clear_cache()
-        if n + 1 < max_tokens:
-            y, logprobs = next_y, next_logprobs
+        y = self._sampler(logprobs, self.step)
+        mx.eval(y, logprobs)
+        self._next = y.astype(mx.uint32)
+        step = TokenStep(_token(y), self.step, logprobs.squeeze(0))
+        self.step += 1
+        return step
 
 
-class _Decoder:
-    """One generation's decode: compiled single-token steps while they work, else the graph."""
+class Decoder:
+    """One sequence's single-token decode: compiled steps while they work, else the graph."""
 
     def __init__(self, binding: MlxAutoregressiveBinding, caches: list[LayerCache], compiled: bool) -> None:
         self._binding = binding
@@ -159,13 +150,6 @@ class _Decoder:
                 if logits is not None:
                     return logits
         return self._binding.decode(tokens, self._caches)
-
-
-def _chunk_reporter(report: PrefillProgress | None, done_before: int, total: int) -> Callable[[int], None] | None:
-    """A prefill segment's chunk callback, reporting progress over the whole prefill."""
-    if report is None:
-        return None
-    return lambda fed: report(done_before + fed, total)
 
 
 def _token(y: mx.array) -> int:

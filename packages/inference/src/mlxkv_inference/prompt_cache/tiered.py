@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from concurrent.futures import Future
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -18,7 +19,7 @@ from typing import Literal
 from mlxkv_inference.background_writer import BackgroundWriter, FlushReport
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.reuse import clone_trimmed, frozen_copy
-from mlxkv_inference.prompt_cache.cold_tier import ColdTier
+from mlxkv_inference.prompt_cache.cold_tier import ColdHit, ColdRestored, ColdTier
 from mlxkv_inference.prompt_cache.ram_tier import RamEntry, RamPromptCache
 
 log = logging.getLogger(__name__)
@@ -84,18 +85,30 @@ class TieredPromptCache:
     def ram(self) -> RamPromptCache:
         return self._ram
 
-    def fetch(self, prompt: Sequence[int], ns: str) -> Fetched:
+    def fetch(self, prompt: Sequence[int], ns: str, read: ColdRestored | None = None) -> Fetched:
+        """Caches holding the longest cached prefix of `prompt`: restored from the cold tier when
+        it holds more than RAM (`read`, when `read_cold` ran that restore already), else from RAM."""
+        hit = None if read is not None else self.cold_hit(prompt, ns)
+        restored = read if read is not None else self._cold.restore(hit) if self._cold is not None and hit is not None else None
+        if restored is not None:
+            self._ram.put(restored.tokens, clone_trimmed(restored.caches, len(restored.tokens)), ns, durable=True)
+            return self._count(Fetched(restored.caches, len(restored.tokens), "ssd"))
         ram_usable = self._ram.usable_tokens(prompt, ns)
-        hit = self._cold.find(prompt, ns) if self._cold is not None else None
-        if self._cold is not None and hit is not None and hit.num_tokens > ram_usable:
-            restored = self._cold.restore(hit)
-            if restored is not None:
-                self._ram.put(restored.tokens, clone_trimmed(restored.caches, len(restored.tokens)), ns, durable=True)
-                return self._count(Fetched(restored.caches, len(restored.tokens), "ssd"))
         taken = self._ram.take(prompt, ns) if ram_usable else None
         if taken is not None:
             return self._count(Fetched(taken.caches, taken.num_tokens, "ram"))
         return self._count(Fetched(None, 0, None))
+
+    def cold_hit(self, prompt: Sequence[int], ns: str) -> ColdHit | None:
+        """The cold tier's prefix of `prompt` when it is longer than what RAM can serve (an index
+        lookup: nothing is read)."""
+        hit = self._cold.find(prompt, ns) if self._cold is not None else None
+        return hit if hit is not None and hit.num_tokens > self._ram.usable_tokens(prompt, ns) else None
+
+    def read_cold(self, hit: ColdHit) -> Future[ColdRestored | None]:
+        """Read `hit` on the cold tier's reader thread; hand the result to `fetch` as `read`."""
+        assert self._cold is not None, "a cold hit comes from the cold tier"
+        return self._cold.restore_async(hit)
 
     def publish(self, tokens: Sequence[int], caches: Sequence[LayerCache], ns: str) -> None:
         """Keep a prompt state in RAM and write it behind to the cold tier."""

@@ -1,0 +1,136 @@
+"""Continuous batching: many generations share each step, each token what it would be alone.
+
+    step:  prefill  one chunk of the oldest prefilling generations, within the token budget
+           decode   one token for every generation past its prefill, as one batched step:
+                    stacked rows through every linear, attention per row against its own caches
+
+A generation's prefill chunks keep the boundaries it has when run alone (a chunk is never split
+to fit the budget), and its batched decode rows are bitwise its lone rows when the model's matmul
+kernels are row-invariant (checked once per model; see `models.batched`). Otherwise each row runs
+its own graph inside the same step: slower, still exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
+from mlxkv_inference.engine.generate import Generation, TextDelta
+
+DEFAULT_MAX_BATCH = 8
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    """What one step did for one generation: its new text (one delta per token), and whether it
+    ended (its `result` is then set, and `tail` holds the text held back until the end) or failed
+    (`error`; the generation is dropped)."""
+
+    generation: Generation
+    deltas: tuple[TextDelta, ...]
+    finished: bool
+    error: Exception | None = None
+    tail: tuple[TextDelta, ...] = ()
+
+
+class BatchScheduler:
+    """Steps up to `max_batch` generations together on the thread that owns MLX."""
+
+    def __init__(self, binding: MlxAutoregressiveBinding, *, max_batch: int = DEFAULT_MAX_BATCH,
+                 prefill_budget: int = DEFAULT_PREFILL_CHUNK) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max batch={max_batch} must be >= 1")
+        if prefill_budget < 1:
+            raise ValueError(f"prefill budget={prefill_budget} must be >= 1 token a step")
+        self.binding = binding
+        self.max_batch = max_batch
+        self.prefill_budget = prefill_budget
+        self.running: list[Generation] = []
+        self.batched_steps = 0  # decode steps that ran stacked rows (the others ran a graph per row)
+        self.largest_batch = 0  # the most generations one step has run
+        self._steps = 0
+        self._prefilled_at: dict[int, int] = {}  # generation -> when it last got a prefill chunk
+
+    @property
+    def has_room(self) -> bool:
+        return len(self.running) < self.max_batch
+
+    def add(self, generation: Generation) -> tuple[TextDelta, ...]:
+        """Start `generation` in the next step; returns the text a resumed one replays."""
+        if not self.has_room:
+            raise ValueError(f"the batch is full ({self.max_batch} generations); wait for one to finish")
+        replay = tuple(generation.start())
+        self.running.append(generation)
+        return replay
+
+    def step(self) -> list[StepOutcome]:
+        """One scheduler step over the running generations (see the module docstring)."""
+        self.largest_batch = max(self.largest_batch, len(self.running))
+        outcomes: dict[int, StepOutcome] = {}
+        for generation in self.running:
+            if generation.cancelled and not generation.done:  # also mid-prefill: finish() ends it cancelled
+                outcomes[id(generation)] = StepOutcome(generation, (), True)
+        self._prefill(outcomes)
+        ready = [g for g in self.running if id(g) not in outcomes and not g.done and not g.prefilling]
+        self._decode(ready, outcomes)
+        for generation in self.running:
+            if id(generation) not in outcomes and generation.done:
+                outcomes[id(generation)] = StepOutcome(generation, (), False)
+        result = []
+        for generation in list(self.running):
+            outcome = outcomes.get(id(generation))
+            if outcome is None:
+                continue
+            if outcome.error is None and (generation.done or outcome.finished):
+                outcome = StepOutcome(generation, outcome.deltas, True, tail=tuple(generation.finish()))
+            if outcome.finished or outcome.error is not None:
+                self.running.remove(generation)
+                self._prefilled_at.pop(id(generation), None)
+            result.append(outcome)
+        return result
+
+    def _prefill(self, outcomes: dict[int, StepOutcome]) -> None:
+        """Chunks for the prefilling generations, the one served longest ago first, so a short
+        prompt arriving behind a long one is not held until the long one has prefilled."""
+        budget = self.prefill_budget
+        waiting = [g for g in self.running if id(g) not in outcomes and g.prefilling]
+        for generation in sorted(waiting, key=lambda g: self._prefilled_at.get(id(g), -1)):
+            if budget <= 0:
+                break
+            self._steps += 1
+            self._prefilled_at[id(generation)] = self._steps
+            try:  # one whole chunk: the chunk boundaries stay those of the generation alone
+                budget -= generation.prefill(generation.prefill_chunk)
+            except Exception as e:  # noqa: BLE001 - one failed generation must not stop the others
+                outcomes[id(generation)] = StepOutcome(generation, (), False, e)
+
+    def _decode(self, ready: Sequence[Generation], outcomes: dict[int, StepOutcome]) -> None:
+        stepping = [g for g in ready if g.needs_step]
+        for generation in (g for g in ready if not g.needs_step):  # a resumed generation's pending token
+            outcomes[id(generation)] = StepOutcome(generation, tuple(generation.accept(None)), False)
+        if len(stepping) > 1 and self.binding.can_decode_batch([g.caches for g in stepping]):
+            self._decode_batched(stepping, outcomes)
+            return
+        for generation in stepping:
+            try:
+                deltas = generation.accept(generation.decode_alone())
+            except Exception as e:  # noqa: BLE001 - one failed generation must not stop the others
+                outcomes[id(generation)] = StepOutcome(generation, (), False, e)
+            else:
+                outcomes[id(generation)] = StepOutcome(generation, tuple(deltas), False)
+
+    def _decode_batched(self, stepping: Sequence[Generation], outcomes: dict[int, StepOutcome]) -> None:
+        try:
+            tokens = mx.concatenate([g.decode_input() for g in stepping])
+            logits = self.binding.decode_batch(tokens, [g.caches for g in stepping])
+            rows = [generation.accept(logits[r : r + 1]) for r, generation in enumerate(stepping)]
+        except Exception as e:  # noqa: BLE001 - the rows shared the step: each of them failed
+            for generation in stepping:
+                outcomes[id(generation)] = StepOutcome(generation, (), False, e)
+            return
+        self.batched_steps += 1
+        for generation, deltas in zip(stepping, rows):
+            outcomes[id(generation)] = StepOutcome(generation, tuple(deltas), False)

@@ -1,0 +1,112 @@
+"""A batched single-token decode step over mlx-lm's llama-style graphs.
+
+    rows  t0 t1 ... t(M-1)                 one token per sequence, M sequences
+    embed, norms, q/k/v/o projections, MLP, lm_head: one (M, 1, D) product per weight
+    RoPE, cache update, attention:        per row, against that row's own cache (no padding)
+
+Every batched operation is row-wise (a row's result depends on that row only) when the matmul
+kernels are row-invariant; `row_invariant_kinds` checks that per weight kind, and a step whose
+weights are not falls back to one graph per row (see `BatchedDecoder`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlxkv_inference import _mlx_lm
+from mlxkv_inference.cache.factory import LayerCache
+from mlxkv_inference.cache.recurrent import RecurrentCache
+
+# Graphs whose layers are (input norm, self_attn, post norm, mlp) with q/k/v/o projections.
+BATCHABLE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+def can_batch(model: nn.Module, config: dict[str, Any], caches: Sequence[Sequence[LayerCache]]) -> bool:
+    """Whether `decode_batch` can drive this model with these caches."""
+    if config.get("model_type") not in BATCHABLE_MODEL_TYPES:
+        return False
+    if any(t != "full_attention" for t in (config.get("layer_types") or ())):
+        return False
+    inner: Any = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "embed_tokens") or not hasattr(inner, "norm"):
+        return False
+    return not any(isinstance(c, RecurrentCache) for row in caches for c in row)
+
+
+def rows_invariant(model: nn.Module, max_rows: int) -> bool:
+    """Whether every matmul the batched step runs (each distinct kind and shape of projection,
+    and the head) gives each row of an M-row product, for M = 1..`max_rows`, bitwise what that
+    row gives alone. (The embedding is a gather, the norms and activations are row-wise.)"""
+    inner: Any = getattr(model, "model")
+    layer = inner.layers[0]
+    linears: dict[tuple[str, tuple[int, ...]], Any] = {}
+    for module in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+                   *_mlp_linears(layer.mlp), getattr(model, "lm_head", None)):
+        if module is not None:
+            linears.setdefault((type(module).__name__, tuple(module.weight.shape)), module)
+    heads: list[Any] = [*linears.values()]
+    if getattr(model, "lm_head", None) is None:
+        heads.append(inner.embed_tokens.as_linear)
+    for index, linear in enumerate(heads):
+        width = _input_width(linear, inner)
+        x = mx.random.normal((max_rows, 1, width), key=mx.random.key(index))
+        alone = [linear(x[r : r + 1]) for r in range(max_rows)]
+        for m in range(2, max_rows + 1):
+            stacked = linear(x[:m])
+            if not all(bool(mx.array_equal(stacked[r], alone[r][0]).item()) for r in range(m)):
+                return False
+    return True
+
+
+def decode_batch(model: nn.Module, tokens: mx.array, caches: Sequence[Sequence[LayerCache]]) -> mx.array:
+    """(M, vocab) float32 logits for one token per row; row i feeds `tokens[i]` into `caches[i]`."""
+    inner: Any = getattr(model, "model")
+    h: mx.array = inner.embed_tokens(tokens.reshape(-1, 1))
+    for index, layer in enumerate(inner.layers):
+        h = h + _attention(layer.self_attn, layer.input_layernorm(h), [row[index] for row in caches])
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    h = inner.norm(h)
+    head: Any = getattr(model, "lm_head", None)
+    logits: mx.array = inner.embed_tokens.as_linear(h) if head is None else head(h)
+    logits = logits[:, -1, :]
+    return logits if logits.dtype == mx.float32 else logits.astype(mx.float32)
+
+
+def _mlp_linears(mlp: Any) -> list[Any]:
+    return [getattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj") if hasattr(mlp, name)]
+
+
+def _input_width(linear: Any, inner: Any) -> int:
+    """Input features of a linear layer (quantized weights pack several values per uint32)."""
+    if not hasattr(linear, "weight"):  # the tied head: embeddings as a linear layer
+        return int(inner.embed_tokens.weight.shape[1] * (32 // getattr(inner.embed_tokens, "bits", 32)))
+    bits = getattr(linear, "bits", 32)
+    return int(linear.weight.shape[1] * (32 // bits))
+
+
+def _attention(attn: Any, x: mx.array, caches: list[LayerCache]) -> mx.array:
+    queries, keys, values = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    outputs = [_row_attention(attn, queries[r : r + 1], keys[r : r + 1], values[r : r + 1], cache)
+               for r, cache in enumerate(caches)]
+    out: mx.array = attn.o_proj(mx.concatenate(outputs, axis=0))
+    return out
+
+
+def _row_attention(attn: Any, q: mx.array, k: mx.array, v: mx.array, cache: Any) -> mx.array:
+    """mlx-lm's attention body for one (1, 1, D) row (qwen3's q/k norms included)."""
+    q = q.reshape(1, 1, attn.n_heads, -1)
+    k = k.reshape(1, 1, attn.n_kv_heads, -1)
+    if hasattr(attn, "q_norm"):
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)
+    v = v.reshape(1, 1, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    offset = cache.offset
+    q, k = attn.rope(q, offset=offset), attn.rope(k, offset=offset)
+    keys, values = cache.update_and_fetch(k, v)
+    mask = _mlx_lm.create_attention_mask(q[:, 0].reshape(1, 1, -1), cache)
+    out = _mlx_lm.attention(q, keys, values, cache, attn.scale, mask)
+    return out.transpose(0, 2, 1, 3).reshape(1, 1, -1)

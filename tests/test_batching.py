@@ -1,0 +1,196 @@
+"""Continuous batching is exact: every row of a batched step is bitwise the row computed alone, and
+every generation stepped by the scheduler (staggered, cancelled, resumed, sampled) produces the
+tokens it produces running alone."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import replace
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from mlxkv_inference import Generation, GenerationParams, Grammar, MlxAutoregressiveBinding, SamplingParams
+from mlxkv_inference.engine.generate import ResumePoint
+from mlxkv_inference.engine.scheduler import BatchScheduler
+from mlxkv_inference.models.batched import decode_batch, rows_invariant
+from mlxkv_inference.models.cpu_kernels import use_native_kernels
+from tests.factories import greedy_token, make_prompt, make_tiny_binding
+
+
+def tiny(kind: str, quantized: bool, native: bool = False) -> MlxAutoregressiveBinding:
+    """A tiny model: float32 (its matmuls through the BLAS loaded), or 4-bit through MLX's quantized
+    matmul or, `native`, mlxkv's own kernel."""
+    binding = make_tiny_binding(kind, seed=4)
+    if quantized:
+        nn.quantize(binding.model, group_size=32, bits=4)
+    if native:
+        use_native_kernels(binding.model)
+    return binding
+
+
+class NeighbourDependentLinear(nn.Linear):
+    """A linear layer whose arithmetic depends on the other rows of its input (as a BLAS whose
+    kernel choice depends on M would): the same product, centred on the batch mean."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        mean = mx.mean(x, axis=0, keepdims=True)
+        out: mx.array = (x - mean) @ self.weight.T + mean @ self.weight.T
+        return out
+
+
+KERNELS = [(False, False), (True, False), (True, True)]
+KERNEL_IDS = ["float32", "4bit-mlx", "4bit-native"]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize(("quantized", "native"), KERNELS, ids=KERNEL_IDS)
+def test_every_row_of_a_batched_step_is_bitwise_the_row_alone(kind: str, quantized: bool, native: bool) -> None:
+    binding = tiny(kind, quantized, native)
+    prompts = [make_prompt(3 + 5 * i, seed=i) for i in range(8)]
+    alone, stacked = [binding.make_cache() for _ in prompts], [binding.make_cache() for _ in prompts]
+    for prompt, a, s in zip(prompts, alone, stacked):
+        binding.prefill(prompt, a)
+        binding.prefill(prompt, s)
+    tokens = [p[-1] for p in prompts]
+    for _ in range(3):
+        rows = [binding.decode(mx.array([t]), caches) for t, caches in zip(tokens, alone)]
+        batch = decode_batch(binding.model, mx.array(tokens), stacked)
+        assert [bool(mx.array_equal(batch[r], rows[r][0]).item()) for r in range(8)] == [True] * 8
+        tokens = [greedy_token(row) for row in rows]
+    assert rows_invariant(binding.model, 8) and binding.can_decode_batch(stacked)
+
+
+def test_a_kernel_whose_rows_depend_on_their_neighbours_is_not_batched_and_stays_exact() -> None:
+    binding = make_tiny_binding("llama", seed=4)
+    mlp = binding.model.model.layers[0].mlp
+    swapped = NeighbourDependentLinear(mlp.down_proj.weight.shape[1], mlp.down_proj.weight.shape[0], bias=False)
+    swapped.weight = mlp.down_proj.weight
+    mlp.down_proj = swapped
+    assert not rows_invariant(binding.model, 8)
+    specs = make_specs(4)
+    scheduler = BatchScheduler(binding, max_batch=4, prefill_budget=8)
+    assert scheduled(scheduler, binding, specs) == alone(binding, specs)
+    assert scheduler.batched_steps == 0
+
+
+Spec = tuple[list[int], GenerationParams]
+
+
+def make_specs(count: int) -> list[Spec]:
+    """Different prompt lengths, seeds (greedy and sampled) and max_tokens."""
+    return [
+        (make_prompt(4 + 9 * i, seed=10 + i),
+         GenerationParams(max_tokens=5 + 3 * i, prefill_chunk=8, ignore_eos=True,
+                          sampling=SamplingParams() if i % 2 else SamplingParams(temperature=0.9, top_p=0.95, seed=i,
+                                                                                  repetition_penalty=1.1)))
+        for i in range(count)
+    ]
+
+
+def alone(binding: MlxAutoregressiveBinding, specs: list[Spec]) -> list[tuple[int, ...]]:
+    return [Generation(binding, prompt, params).run().token_ids for prompt, params in specs]
+
+
+def scheduled(scheduler: BatchScheduler, binding: MlxAutoregressiveBinding, specs: list[Spec],
+              cancel_at: dict[int, int] | None = None, make: Callable[[Spec], Generation] | None = None) -> list[tuple[int, ...]]:
+    """Run `specs` through `scheduler`, one joining every other step (so some join while others
+    prefill or decode); `cancel_at` maps a spec to the step at which its generation is cancelled."""
+    generations = [make(spec) if make else Generation(binding, *spec) for spec in specs]
+    waiting, step = list(enumerate(generations)), 0
+    while waiting or scheduler.running:
+        if waiting and step % 2 == 0 and scheduler.has_room:
+            scheduler.add(waiting.pop(0)[1])
+        for index, at in (cancel_at or {}).items():
+            if at == step:
+                generations[index].cancel()
+        scheduler.step()
+        step += 1
+    results = [g.result for g in generations]
+    return [r.token_ids for r in results if r is not None]
+
+
+@pytest.mark.parametrize(("kind", "quantized", "native"),
+                         [("llama", False, False), ("llama", True, False), ("llama", True, True), ("qwen3", True, True),
+                          ("gemma3_text", False, False)])
+def test_staggered_batch_gives_every_sequence_its_tokens_alone(kind: str, quantized: bool, native: bool) -> None:
+    binding = tiny(kind, quantized, native)
+    specs = make_specs(8)
+    expected = alone(binding, specs)
+    scheduler = BatchScheduler(binding, max_batch=8, prefill_budget=8)
+    got = scheduled(scheduler, binding, specs, cancel_at={3: 9, 6: 14})
+    for index in range(8):
+        if index in (3, 6):  # cancelled mid-way: what it produced is the start of its tokens alone
+            assert got[index] == expected[index][: len(got[index])] and len(got[index]) < len(expected[index])
+        else:
+            assert got[index] == expected[index]
+    assert scheduler.batched_steps > 0 or kind == "gemma3_text"  # sliding windows decode a graph per row
+
+
+def test_a_batch_smaller_than_the_arrivals_queues_the_rest_and_stays_exact() -> None:
+    binding = tiny("llama", False)
+    specs = make_specs(6)
+    scheduler = BatchScheduler(binding, max_batch=3, prefill_budget=8)
+    assert scheduled(scheduler, binding, specs) == alone(binding, specs)
+
+
+def test_a_resumed_generation_in_a_batch_continues_as_it_would_alone() -> None:
+    binding = tiny("llama", True)
+    specs = make_specs(4)
+    full = alone(binding, specs)
+
+    def resumed(spec: Spec) -> Generation:  # restarted after 3 tokens, as a checkpoint would hold it
+        prompt, params = spec
+        tokens = full[specs.index(spec)]
+        caches = binding.make_cache()
+        binding.prefill(prompt + list(tokens[:3]), caches)
+        return Generation(binding, prompt, params, caches, resume=ResumePoint(tokens[:3], tokens[3]))
+
+    assert scheduled(BatchScheduler(binding, max_batch=4), binding, specs, make=resumed) == full
+
+
+@pytest.mark.parametrize("fixture", ["embedded", "embedded_native"])
+def test_embedded_model_batch_gives_every_sequence_its_tokens_alone(fixture: str, request: pytest.FixtureRequest) -> None:
+    embedded: MlxAutoregressiveBinding = request.getfixturevalue(fixture)
+    texts = ["The capital of France is", "def add(a, b):", "Once upon a time", "1, 2, 3,"]
+    specs = [(embedded.tokenizer.encode(t), GenerationParams(max_tokens=6 + i, sampling=SamplingParams(temperature=0.8, seed=i)
+                                                             if i % 2 else SamplingParams()))
+             for i, t in enumerate(texts)]
+    scheduler = BatchScheduler(embedded, max_batch=4)
+    assert scheduled(scheduler, embedded, specs) == alone(embedded, specs)
+    assert scheduler.batched_steps > 0
+
+
+def test_a_short_prompt_gets_its_first_token_while_a_long_one_still_prefills() -> None:
+    binding = tiny("llama", False)
+    params = GenerationParams(max_tokens=4, prefill_chunk=8, ignore_eos=True)
+    long, short = Generation(binding, make_prompt(200, seed=1), params), Generation(binding, make_prompt(6, seed=2), params)
+    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=8)  # one chunk a step
+    scheduler.add(long)
+    scheduler.step()
+    scheduler.add(short)
+    first_token_at = None
+    for step in range(1, 30):
+        outcomes = {id(o.generation): o for o in scheduler.step()}
+        if id(short) in outcomes and any(d.step is not None for d in outcomes[id(short)].deltas):
+            first_token_at = step
+            break
+    assert first_token_at is not None and first_token_at <= 2 and long.prefilling
+    while scheduler.running:
+        scheduler.step()
+    assert long.result is not None and short.result is not None
+    assert (long.result.token_ids, short.result.token_ids) == tuple(
+        Generation(binding, g.prompt, params).run().token_ids for g in (long, short))
+
+
+def test_grammar_constrained_rows_batch_with_free_ones_and_match_their_tokens_alone() -> None:
+    binding = tiny("llama", True, True)
+    pattern = r"[a-z]{3}-[0-9]{2,4}"
+    specs = [(prompt, replace(params, grammar=Grammar("regex", pattern), ignore_eos=False) if i % 2 else params)
+             for i, (prompt, params) in enumerate(make_specs(6))]
+    scheduler = BatchScheduler(binding, max_batch=6, prefill_budget=8)
+    got = scheduled(scheduler, binding, specs)
+    assert got == alone(binding, specs) and scheduler.batched_steps > 0
+    assert all(re.fullmatch(pattern, binding.tokenizer.decode(list(tokens))) for tokens in got[1::2])
