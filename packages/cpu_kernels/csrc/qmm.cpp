@@ -46,6 +46,7 @@ bool cpu_has(Isa isa) {
 std::mutex pool_mutex;
 std::unique_ptr<ThreadPool> pool;
 std::vector<std::vector<float>> panels;
+std::vector<float> x_permuted;
 Isa selected = best_isa();
 
 ThreadPool& get_pool() {
@@ -89,8 +90,31 @@ void set_num_threads(int n) {
   pool = std::make_unique<ThreadPool>(n);
 }
 
-void qmm_run(const QmmArgs& a) {
+namespace {
+
+// Each block of 32 floats of every row of x becomes its 16 even then its 16 odd elements: the
+// order the packed codes unpack in (see qmm.h). Once per product, shared by all columns.
+void permute_x(const QmmArgs& a, float* dst) {
+  for (int64_t m = 0; m < a.M; ++m) {
+    const float* src = a.x + m * a.K;
+    float* out = dst + m * a.K;
+    for (int64_t k = 0; k < a.K; k += 32) {
+      for (int i = 0; i < 16; ++i) {
+        out[k + i] = src[k + 2 * i];
+        out[k + 16 + i] = src[k + 2 * i + 1];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void qmm_run(const QmmArgs& args) {
   std::lock_guard<std::mutex> lock(pool_mutex);
+  if (int64_t(x_permuted.size()) < args.M * args.K) x_permuted.resize(args.M * args.K);
+  permute_x(args, x_permuted.data());
+  QmmArgs a = args;
+  a.x = x_permuted.data();
   ThreadPool& tp = get_pool();
   auto range = selected == Isa::avx512 ? qmm_range_avx512
       : selected == Isa::avx2          ? qmm_range_avx2
