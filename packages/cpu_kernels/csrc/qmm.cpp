@@ -19,6 +19,9 @@ namespace {
 constexpr int64_t kRowBlock = 64;
 // Columns per thread are multiples of this, so panels are whole.
 constexpr int64_t kColAlign = 16;
+// Multiply-adds a chunk must hold to be worth waking a worker: below it (most decode GEMVs of a
+// small model) the wake-up and join cost more than the work, so the caller does it all alone.
+constexpr int64_t kMinChunkWork = int64_t(1) << 20;
 
 int default_threads() {
   if (const char* env = std::getenv("MLXKV_CPU_THREADS")) {
@@ -120,9 +123,11 @@ void qmm_run(const QmmArgs& args) {
       : selected == Isa::avx2          ? qmm_range_avx2
                                        : qmm_range_generic;
   // Chunks of whole columns: the split changes which thread computes an element, never how.
-  // About 4 chunks a thread balances load; at least kColAlign columns keep chunks worth a claim.
+  // About 4 chunks a thread balances load; at least kColAlign columns and kMinChunkWork
+  // multiply-adds keep chunks worth a claim.
   int64_t slices = (a.N + kColAlign - 1) / kColAlign;
-  int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(slices, 4 * tp.size()));
+  int64_t chunks = std::max<int64_t>(
+      1, std::min({slices, int64_t(4) * tp.size(), a.M * a.N * a.K / kMinChunkWork}));
   if (int(panels.size()) < tp.size()) panels.resize(tp.size());
   for (auto& panel : panels) {
     if (int64_t(panel.size()) < kPanelCols * a.K) panel.resize(kPanelCols * a.K);
@@ -134,7 +139,11 @@ void qmm_run(const QmmArgs& args) {
       range(a, n0, n1, m0, std::min(a.M, m0 + kRowBlock), panels[t].data());
     }
   };
-  tp.run(chunks, task);
+  if (chunks == 1) {
+    task(0, 0);
+  } else {
+    tp.run(chunks, task);
+  }
 }
 
 }  // namespace mlxkv
