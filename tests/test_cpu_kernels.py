@@ -105,16 +105,18 @@ def test_thread_count_does_not_change_a_bit() -> None:
 
 
 @pytest.mark.usefixtures("restore_threads_and_isa")
-def test_every_instruction_set_gives_the_same_bits() -> None:
-    w, scales, biases = quantized(70, 384, 128, 4, mx.float16, seed=9)
-    x = rows(11, 384, seed=10)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("m", [1, 11])
+def test_every_instruction_set_gives_the_same_bits(bits: int, m: int) -> None:
+    w, scales, biases = quantized(70, 384, 128, bits, mx.float16, seed=9)
+    x = rows(m, 384, seed=10)
     outputs = {}
     for isa in ("avx512", "avx2", "generic"):
         try:
             ops.set_isa(isa)
         except ValueError:
             continue  # this CPU lacks it
-        outputs[isa] = as_numpy(ops.quantized_matmul(x, w, scales, biases, 128, 4))
+        outputs[isa] = as_numpy(ops.quantized_matmul(x, w, scales, biases, 128, bits))
     assert "generic" in outputs and len(outputs) >= 2
     first = next(iter(outputs.values()))
     assert all(np.array_equal(first, other) for other in outputs.values())

@@ -19,6 +19,9 @@ namespace {
 constexpr int64_t kRowBlock = 64;
 // Columns per thread are multiples of this, so panels are whole.
 constexpr int64_t kColAlign = 16;
+// Multiply-adds a chunk must hold to be worth waking a worker: below it (most decode GEMVs of a
+// small model) the wake-up and join cost more than the work, so the caller does it all alone.
+constexpr int64_t kMinChunkWork = int64_t(1) << 20;
 
 int default_threads() {
   if (const char* env = std::getenv("MLXKV_CPU_THREADS")) {
@@ -46,6 +49,7 @@ bool cpu_has(Isa isa) {
 std::mutex pool_mutex;
 std::unique_ptr<ThreadPool> pool;
 std::vector<std::vector<float>> panels;
+std::vector<float> x_permuted;
 Isa selected = best_isa();
 
 ThreadPool& get_pool() {
@@ -89,16 +93,41 @@ void set_num_threads(int n) {
   pool = std::make_unique<ThreadPool>(n);
 }
 
-void qmm_run(const QmmArgs& a) {
+namespace {
+
+// Each block of 32 floats of every row of x becomes its 16 even then its 16 odd elements: the
+// order the packed codes unpack in (see qmm.h). Once per product, shared by all columns.
+void permute_x(const QmmArgs& a, float* dst) {
+  for (int64_t m = 0; m < a.M; ++m) {
+    const float* src = a.x + m * a.K;
+    float* out = dst + m * a.K;
+    for (int64_t k = 0; k < a.K; k += 32) {
+      for (int i = 0; i < 16; ++i) {
+        out[k + i] = src[k + 2 * i];
+        out[k + 16 + i] = src[k + 2 * i + 1];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void qmm_run(const QmmArgs& args) {
   std::lock_guard<std::mutex> lock(pool_mutex);
+  if (int64_t(x_permuted.size()) < args.M * args.K) x_permuted.resize(args.M * args.K);
+  permute_x(args, x_permuted.data());
+  QmmArgs a = args;
+  a.x = x_permuted.data();
   ThreadPool& tp = get_pool();
   auto range = selected == Isa::avx512 ? qmm_range_avx512
       : selected == Isa::avx2          ? qmm_range_avx2
                                        : qmm_range_generic;
   // Chunks of whole columns: the split changes which thread computes an element, never how.
-  // About 4 chunks a thread balances load; at least kColAlign columns keep chunks worth a claim.
+  // About 4 chunks a thread balances load; at least kColAlign columns and kMinChunkWork
+  // multiply-adds keep chunks worth a claim.
   int64_t slices = (a.N + kColAlign - 1) / kColAlign;
-  int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(slices, 4 * tp.size()));
+  int64_t chunks = std::max<int64_t>(
+      1, std::min({slices, int64_t(4) * tp.size(), a.M * a.N * a.K / kMinChunkWork}));
   if (int(panels.size()) < tp.size()) panels.resize(tp.size());
   for (auto& panel : panels) {
     if (int64_t(panel.size()) < kPanelCols * a.K) panel.resize(kPanelCols * a.K);
@@ -110,7 +139,11 @@ void qmm_run(const QmmArgs& a) {
       range(a, n0, n1, m0, std::min(a.M, m0 + kRowBlock), panels[t].data());
     }
   };
-  tp.run(chunks, task);
+  if (chunks == 1) {
+    task(0, 0);
+  } else {
+    tp.run(chunks, task);
+  }
 }
 
 }  // namespace mlxkv

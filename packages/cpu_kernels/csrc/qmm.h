@@ -2,9 +2,11 @@
 //
 // Every output element y[m, n] is reduced in one fixed order, whatever M, the row tile, the
 // thread count or the instruction set:
-//   partial[l] = fma-chain over k = l, l + 16, l + 32, ... (ascending) of x[m, k] * w[n, k]
+//   partial[l] = fma-chain over k = 2l, 2l + 1, 2l + 32, 2l + 33, ... (ascending) of x[m, k] * w[n, k]
 //   y[m, n]    = the fixed 16 -> 8 -> 4 -> 2 -> 1 pairwise tree over partial[0..15]
-// with w[n, k] = fma(q, scale, bias) rounded once to float32. AVX-512 holds the 16 partials in one
+// with w[n, k] = fma(q, scale, bias) rounded once to float32. Lane l takes the pair 2l, 2l + 1 of
+// every block of 32 because that is how the codes lie packed (4-bit: one byte; 8-bit: one
+// little-endian word): x is permuted once per product to match, so unpacking needs no shuffle. AVX-512 holds the 16 partials in one
 // register, AVX2 in two, the portable path in an array: same operations, same bits.
 #pragma once
 
@@ -31,8 +33,9 @@ void qmm_range_generic(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int
 void qmm_range_avx2(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel);
 void qmm_range_avx512(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel);
 
-// Dense float product with the same fixed reduction order: a.x is (M, K) and b_rows (N, K), both
-// row-major with K a multiple of 16 (zero-padded); writes a.y (M, N). Single-threaded.
+// Dense float product in a fixed order (lane l takes k = l, l + 16, ... ascending, then the same
+// tree): a.x is (M, K) and b_rows (N, K), both row-major with K a multiple of 16 (zero-padded);
+// writes a.y (M, N). Single-threaded.
 void dense_generic(const QmmArgs& a, const float* b_rows);
 void dense_avx2(const QmmArgs& a, const float* b_rows);
 void dense_avx512(const QmmArgs& a, const float* b_rows);

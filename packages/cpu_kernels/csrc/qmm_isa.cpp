@@ -83,45 +83,69 @@ inline float param(const QmmArgs& a, const void* p, int64_t i) {
 #endif
 }
 
-// fma(q[k], s, b) for the 16 codes starting at `src` (bytes of the packed row), in a register.
-inline V16 dequant16(const uint8_t* src, int bits, float s, float b) {
-#if QMM_ISA >= 2
-  __m128i codes;
-  if (bits == 4) {
-    __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src));
-    __m128i mask = _mm_set1_epi8(0x0f);
-    __m128i lo = _mm_and_si128(v, mask), hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
-    codes = _mm_unpacklo_epi8(lo, hi);
-  } else {
-    codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
-  }
+// The 32 codes of block k0 (k0 % 32 == 0) starting at `src`, dequantized as fma(q, s, b) and split
+// the way the packing lies: `even` holds k0 + 0, 2, ..., 30 and `odd` k0 + 1, 3, ..., 31 (x is
+// permuted to match, see qmm.h). 4-bit byte i holds k0 + 2i (low nibble) and k0 + 2i + 1 (high);
+// 8-bit word i holds the same two codes as bytes. So one zero-extension and a mask or a shift
+// give both halves, with no byte shuffle.
+inline void dequant32(const uint8_t* src, int bits, float s, float b, V16& even, V16& odd) {
 #if QMM_ISA == 3
-  __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
-  return {_mm512_fmadd_ps(q, _mm512_set1_ps(s), _mm512_set1_ps(b))};
-#else
-  __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes));
-  __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8)));
-  return {_mm256_fmadd_ps(q0, _mm256_set1_ps(s), _mm256_set1_ps(b)),
-          _mm256_fmadd_ps(q1, _mm256_set1_ps(s), _mm256_set1_ps(b))};
-#endif
-#else
-  V16 r;
-  for (int i = 0; i < 16; ++i) {
-    int q = bits == 4 ? (src[i / 2] >> (4 * (i & 1))) & 0x0f : src[i];
-    r.v[i] = std::fmaf(float(q), s, b);
+  __m512i codes, lo, hi;
+  if (bits == 4) {
+    codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+    lo = _mm512_and_si512(codes, _mm512_set1_epi32(0x0f));
+    hi = _mm512_srli_epi32(codes, 4);
+  } else {
+    codes = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+    lo = _mm512_and_si512(codes, _mm512_set1_epi32(0xff));
+    hi = _mm512_srli_epi32(codes, 8);
   }
-  return r;
+  const __m512 vs = _mm512_set1_ps(s), vb = _mm512_set1_ps(b);
+  even = {_mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), vs, vb)};
+  odd = {_mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), vs, vb)};
+#elif QMM_ISA == 2
+  __m256i c0, c1;
+  int mask, shift;
+  if (bits == 4) {
+    c0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
+    c1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + 8)));
+    mask = 0x0f, shift = 4;
+  } else {
+    c0 = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+    c1 = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16)));
+    mask = 0xff, shift = 8;
+  }
+  const __m256i m = _mm256_set1_epi32(mask);
+  const __m128i sh = _mm_cvtsi32_si128(shift);
+  const __m256 vs = _mm256_set1_ps(s), vb = _mm256_set1_ps(b);
+  auto deq = [&](__m256i q) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), vs, vb); };
+  even = {deq(_mm256_and_si256(c0, m)), deq(_mm256_and_si256(c1, m))};
+  odd = {deq(_mm256_srl_epi32(c0, sh)), deq(_mm256_srl_epi32(c1, sh))};
+#else
+  for (int i = 0; i < 16; ++i) {
+    int lo, hi;
+    if (bits == 4) {
+      lo = src[i] & 0x0f, hi = src[i] >> 4;
+    } else {
+      lo = src[2 * i], hi = src[2 * i + 1];
+    }
+    even.v[i] = std::fmaf(float(lo), s, b);
+    odd.v[i] = std::fmaf(float(hi), s, b);
+  }
 #endif
 }
 
-// Dequantizes output column n (all K) into dst.
+// Dequantizes output column n (all K) into dst, in the permuted order of qmm.h.
 void dequant_column(const QmmArgs& a, int64_t n, float* dst) {
   const int64_t row_bytes = a.K * a.bits / 8, groups = a.K / a.group_size;
   const uint8_t* src = a.w + n * row_bytes;
   for (int64_t g = 0; g < groups; ++g) {
     float s = param(a, a.scales, n * groups + g), b = param(a, a.biases, n * groups + g);
-    for (int64_t k = g * a.group_size; k < (g + 1) * a.group_size; k += 16) {
-      dequant16(src + k * a.bits / 8, a.bits, s, b).store(dst + k);
+    for (int64_t k = g * a.group_size; k < (g + 1) * a.group_size; k += 32) {
+      V16 even, odd;
+      dequant32(src + k * a.bits / 8, a.bits, s, b, even, odd);
+      even.store(dst + k);
+      odd.store(dst + k + 16);
     }
   }
 }
@@ -170,10 +194,13 @@ void gemv(const QmmArgs& a, int64_t m, int64_t n) {
       s[c] = param(a, a.scales, (n + c) * groups + g);
       b[c] = param(a, a.biases, (n + c) * groups + g);
     }
-    for (int64_t k = g * a.group_size; k < (g + 1) * a.group_size; k += 16) {
-      V16 xv = V16::load(x + k);
+    for (int64_t k = g * a.group_size; k < (g + 1) * a.group_size; k += 32) {
+      V16 x_even = V16::load(x + k), x_odd = V16::load(x + k + 16);
       for (int c = 0; c < C; ++c) {
-        acc[c].fma(xv, dequant16(a.w + (n + c) * row_bytes + k * a.bits / 8, a.bits, s[c], b[c]));
+        V16 even, odd;
+        dequant32(a.w + (n + c) * row_bytes + k * a.bits / 8, a.bits, s[c], b[c], even, odd);
+        acc[c].fma(x_even, even);
+        acc[c].fma(x_odd, odd);
       }
     }
   }
