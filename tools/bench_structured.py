@@ -13,9 +13,9 @@ import argparse
 import statistics
 import time
 
-import mlx.core as mx
+from mlxkv_inference import Generation, GenerationParams, Grammar, GrammarConstraint, load_binding  # first: the BLAS shim precedes mlx
 
-from mlxkv_inference import Generation, GenerationParams, Grammar, GrammarConstraint, load_binding
+import mlx.core as mx  # noqa: E402, I001
 from mlxkv_inference.tokenizer.chat import encode_chat
 
 SCHEMA = {"type": "array", "minItems": 500, "items": {
