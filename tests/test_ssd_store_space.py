@@ -165,7 +165,9 @@ def test_files_are_deleted_outside_the_index_lock(tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(pathlib.Path, "unlink", unlink_while_finding)
     assert store.store([1, 2, 3], make_plain_caches(16))  # makes room: [1, 2] goes
     assert store.store([5, 5, 5], make_plain_caches(16))  # makes room: [9, 9, 9] goes
-    store.remove(store.find([5, 5, 5, 1]))  # type: ignore[arg-type]
+    hit = store.find([5, 5, 5, 1])
+    assert hit is not None
+    store.remove(hit)
     monkeypatch.setattr(pathlib.Path, "unlink", real_unlink)
     assert finds_during_unlink == [True, True, True]
     assert [p.name for p in (tmp_path / "cache").rglob("*.mlxkv")] == [
