@@ -11,7 +11,7 @@ import pytest
 from mlxkv_inference import Generation, GenerationParams, KvScheme, MlxAutoregressiveBinding
 from mlxkv_inference._mlx_lm import mlx_lm_step_tokens
 from mlxkv_inference.cache.quantized import QuantizedKVCache
-from mlxkv_inference.engine.speculation import begin_round, rollback_round
+from mlxkv_inference.engine.speculation import Round
 from tests.factories import greedy_token, make_prompt, make_tiny_binding
 
 # head_dim 64 so the tiny model's keys split into whole quantization groups.
@@ -118,8 +118,8 @@ def test_recurrent_speculative_rollback_equals_never_speculating() -> None:
 
     caches = binding.make_cache()
     binding.prefill(prompt, caches)
-    begin_round(caches)
+    spec = Round(caches, len(draft))
     binding.prefill(draft, caches)  # the verify pass feeds the whole draft at once
-    rollback_round(binding, caches, draft, keep=2)
+    spec.keep(2, draft, lambda tokens, into: binding.prefill(tokens, into, len(tokens)))
     assert [c.offset for c in caches] == reference_offsets
     assert greedy_continue(binding, caches, draft[1], 8) == expected

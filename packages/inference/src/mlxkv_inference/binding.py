@@ -20,10 +20,12 @@ from mlxkv_inference.cache.recurrent import RecurrentCache
 from mlxkv_inference.kv_scheme import KvScheme
 from mlxkv_inference.models import batched
 from mlxkv_inference.models.cpu_kernels import CpuKernels, use_native_kernels
+from mlxkv_inference.engine.speculation import StepCosts, round_fits
 from mlxkv_inference.tokenizer.protocol import Tokenizer
 
 DEFAULT_PREFILL_CHUNK = 512
 PROBED_ROWS = 8  # batch sizes the first row-invariance probe covers
+PROBED_POSITIONS = 9  # positions the multi-position probe verifies in one forward
 log = logging.getLogger(__name__)
 
 
@@ -54,6 +56,8 @@ class MlxAutoregressiveBinding:
         self.config_fingerprint = config_fingerprint(config, kv_scheme, weights_digest, cpu_kernels)
         self._compiled = CompiledDecoder(model)
         self._invariant_rows = 1  # batch sizes probed row-invariant so far (-1: a kernel is not)
+        self._positions_exact: bool | None = None  # see `verifies_positions`
+        self.step_costs = StepCosts()  # what a forward of L positions costs here (speculation)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -110,22 +114,52 @@ class MlxAutoregressiveBinding:
             maybe_quantize(caches, self.kv_scheme)
         return logits
 
-    def can_decode_batch(self, caches: Sequence[Sequence[LayerCache]]) -> bool:
-        """Whether `decode_batch` runs these rows exactly as each would run alone: the graph is
-        one `models.batched` drives and every matmul kind of the model is row-invariant (probed
-        once, for up to `len(caches)` rows)."""
+    def decode_positions(self, tokens: mx.array, caches: list[LayerCache]) -> mx.array:
+        """Feed 1-D `tokens` in one forward; (L, vocab) float32 logits of every position."""
+        logits = self._forward(tokens[None], caches)[0]
+        return logits if logits.dtype == mx.float32 else logits.astype(mx.float32)
+
+    def verifies_positions(self) -> bool:
+        """Whether one forward over L positions gives each position's logits bitwise as L single
+        decode steps do (probed once on scratch caches; speculative rounds need it)."""
+        if self._positions_exact is None:
+            self._positions_exact = self._probe_positions()
+            if not self._positions_exact:
+                log.warning("a multi-token forward of this model differs from single steps: speculation stays off")
+        return self._positions_exact
+
+    def _probe_positions(self) -> bool:
+        caches = self.make_cache()
+        drawn = mx.random.randint(0, self.tokenizer.vocab_size, (3 + PROBED_POSITIONS,), key=mx.random.key(7))
+        tokens = [int(t) for t in drawn]
+        self.prefill(tokens[:3], caches)
+        length = round_fits(caches, PROBED_POSITIONS, self.kv_scheme)
+        if length < 2:
+            return True  # no round could verify more than one position here (round_fits limits every round)
+        alone = [c.clone() for c in caches]
+        single = [self.decode(mx.array([t]), alone) for t in tokens[3 : 3 + length]]
+        together = self.decode_positions(mx.array(tokens[3 : 3 + length]), caches)
+        return all(bool(mx.array_equal(together[i], single[i][0]).item()) for i in range(length))
+
+    def can_decode_batch(self, caches: Sequence[Sequence[LayerCache]], rows: int | None = None) -> bool:
+        """Whether `decode_batch` runs these sequences (`rows` positions in all, default one
+        each) exactly as each would run alone: the graph is one `models.batched` drives and every
+        matmul kind of the model is row-invariant (probed once, for up to `rows` rows)."""
+        rows = len(caches) if rows is None else rows
         if self._invariant_rows < 0 or not batched.can_batch(self.model, self.config, caches):
             return False
-        if len(caches) > self._invariant_rows:
-            rows = max(len(caches), PROBED_ROWS)
-            self._invariant_rows = rows if batched.rows_invariant(self.model, rows) else -1
+        if rows > self._invariant_rows:
+            probed = max(rows, PROBED_ROWS)
+            self._invariant_rows = probed if batched.rows_invariant(self.model, probed) else -1
             if self._invariant_rows < 0:
                 log.warning("a matmul kernel of this model is not row-invariant: batched decode runs a graph per row")
-        return len(caches) <= self._invariant_rows
+        return rows <= self._invariant_rows
 
-    def decode_batch(self, tokens: mx.array, caches: Sequence[list[LayerCache]]) -> mx.array:
-        """(M, vocab) float32 logits: row i feeds `tokens[i]` into `caches[i]` (see `can_decode_batch`)."""
-        logits = batched.decode_batch(self.model, tokens, caches)
+    def decode_batch(self, tokens: mx.array, caches: Sequence[list[LayerCache]],
+                     lengths: Sequence[int] | None = None) -> mx.array:
+        """(R, vocab) float32 logits: sequence i feeds its next `lengths[i]` of `tokens` (default
+        one) into `caches[i]` (see `can_decode_batch`)."""
+        logits = batched.decode_batch(self.model, tokens, caches, lengths)
         for row in caches:
             maybe_quantize(row, self.kv_scheme)
         return logits

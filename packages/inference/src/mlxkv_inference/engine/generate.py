@@ -16,7 +16,10 @@ from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
 from mlxkv_inference.engine.logits import context_window, make_logits_processors
 from mlxkv_inference.cache.reuse import covered_tokens, frozen_copy
 from mlxkv_inference.engine.loop import Decoder, PrefillProgress, SequenceRun, TokenStep
+from mlxkv_inference.engine.proposers import DraftModel, PromptLookup, Proposer
 from mlxkv_inference.engine.sampling import SamplingParams, choose_seed, make_sampler
+from mlxkv_inference.engine.speculation import SpeculativeParams, round_fits
+from mlxkv_inference.engine.speculator import Speculator
 
 FinishReason = Literal["stop", "length", "cancelled"]
 
@@ -30,6 +33,7 @@ class GenerationParams:
     ignore_eos: bool = False  # generate max_tokens even past EOS (benchmarks)
     compiled_decode: bool = True
     grammar: Grammar | None = None  # what the generated text must match (JSON schema, Lark, regex)
+    speculative: SpeculativeParams = field(default_factory=SpeculativeParams)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -84,6 +88,8 @@ class GenerationResult:
     ttft_s: float
     prefill_tps: float
     decode_tps: float
+    draft_tokens: int = 0  # drafts speculative rounds verified
+    accepted_tokens: int = 0  # of those, accepted
 
 
 class Generation:
@@ -108,6 +114,7 @@ class Generation:
         checkpoint_every: int = 0,
         on_checkpoint: Callable[[CheckpointState], None] | None = None,
         on_prefill_progress: PrefillProgress | None = None,
+        draft: MlxAutoregressiveBinding | None = None,
     ) -> None:
         self._binding = binding
         self._params = params
@@ -126,6 +133,11 @@ class Generation:
             constraint=GrammarConstraint(params.grammar, binding.tokenizer, replay=replayed) if params.grammar is not None else None,
         )
         self._decoder = Decoder(binding, self.caches, params.compiled_decode)
+        self._speculator = _make_speculator(binding, params.speculative, draft)
+        self._drafts: list[int] = []  # the open round's drafts (empty: a plain step)
+        self._round_rows = 0  # positions the open step feeds
+        self._alone_since = 0.0  # when a step this generation drives alone started (0: batched)
+        self._due: tuple[tuple[int, ...], TokenStep] | None = None  # a checkpoint to take after the step
         self._points = sorted({p for p in snapshot_at if self.cached_tokens < p <= len(self.prompt) - 1})
         self._on_snapshot = on_snapshot
         self._on_prefill_progress = on_prefill_progress if resume is None else None
@@ -214,26 +226,86 @@ class Generation:
     def prefill_chunk(self) -> int:
         return self._params.prefill_chunk
 
-    def decode_input(self) -> mx.array:
-        return self._run.decode_input()
+    def step_input(self) -> mx.array:
+        """The tokens the next decode step feeds: the pending token, then the drafts of a
+        speculative round (if this step speculates)."""
+        self._drafts = self._draft()
+        tokens = self._run.round_input(self._drafts) if self._drafts else self._run.decode_input()
+        self._round_rows = int(tokens.size)
+        return tokens
 
-    def decode_alone(self) -> mx.array:
-        """(1, vocab) logits of feeding `decode_input()` through this generation's own graph."""
-        return self._decoder(self.decode_input())
+    def decode_alone(self, tokens: mx.array | None = None) -> mx.array:
+        """(L, vocab) logits of feeding `tokens` (default: `step_input()`) through this
+        generation's own graph."""
+        if tokens is None:
+            tokens = self.step_input()
+        self._alone_since = time.perf_counter()
+        if tokens.size == 1:
+            return self._decoder(tokens)
+        return self._binding.decode_positions(tokens, self.caches)
+
+    @property
+    def speculation(self) -> Speculator | None:
+        return self._speculator
 
     def accept(self, logits: mx.array | None) -> list[TextDelta]:
-        """Take the next token: sampled from `logits` (1, vocab) of feeding `decode_input()`,
-        or, with None, a resumed generation's pending token. The caches hold the prompt and the
-        tokens fed so far; a due checkpoint is taken here, before the token is fed."""
+        """Take the next token(s): sampled from `logits` (L, vocab) of feeding `step_input()`
+        (a speculative round's accepted drafts and the token after them), or, with None, a
+        resumed generation's pending token. A checkpoint due at one of them is taken once the
+        caches hold exactly the tokens before it."""
         if self._cancelled:
+            if self._drafts:
+                self._run.end_round(1)
             self._stop("cancelled")
             return []
-        step = self._run.sample(logits) if logits is not None else self._run.take_pending()
-        assert step is not None
+        if logits is None:
+            pending = self._run.take_pending()
+            assert pending is not None
+            steps = [pending]
+        else:
+            steps = self._run.sample_round(logits) if self._drafts else [self._run.sample(logits)]
+        deltas: list[TextDelta] = []
+        taken = 0
+        for step in steps:
+            taken += 1
+            deltas.extend(self._take(step))
+            if self.done:
+                break
+        if self._drafts:
+            self._run.end_round(taken)
+        if self._due is not None:
+            self._checkpoint(*self._due)
+            self._due = None
+        if self._alone_since:
+            self._binding.step_costs.record(self._round_rows, time.perf_counter() - self._alone_since)
+            self._alone_since = 0.0
+        if self._speculator is not None and logits is not None:
+            self._speculator.observe(self._drafts, [s.token for s in steps[:taken]])
+        self._drafts = []
+        return deltas
+
+    def _draft(self) -> list[int]:
+        """Drafts for the next step, as many as may be verified in one forward exactly: within
+        max_tokens, not past a checkpoint (one may fall only on a round's last token, when the
+        caches hold exactly the tokens before it), and where `round_fits` allows."""
+        spec = self._speculator
+        if spec is None or not self._binding.verifies_positions():
+            return []
+        n = self._emitted
+        limit = min(spec.params.num_draft_tokens, self._max_new - n - 1)
+        every = self._checkpoint_every if self._on_checkpoint is not None else 0
+        if every:
+            due = n if n > 0 and n % every == 0 else (n // every + 1) * every
+            limit = min(limit, due - n)
+        limit = min(limit, round_fits(self.caches, limit + 1, self._binding.kv_scheme) - 1)
+        history = self.prompt[: self._original_prompt] + self._yielded
+        return spec.drafts(history, limit)
+
+    def _take(self, step: TokenStep) -> list[TextDelta]:
         self._last_step = step
         n = self._emitted
         if n > 0 and self._checkpoint_every and self._on_checkpoint is not None and n % self._checkpoint_every == 0:
-            self._checkpoint(step)
+            self._due = (tuple(self._yielded), step)
         self._emitted += 1
         if n == 0:
             self._t_first = time.perf_counter()
@@ -274,9 +346,8 @@ class Generation:
         self._finish = reason
         self.done = True
 
-    def _checkpoint(self, pending: TokenStep) -> None:
+    def _checkpoint(self, generated: tuple[int, ...], pending: TokenStep) -> None:
         assert self._on_checkpoint is not None
-        generated = tuple(self._yielded)
         # The caches hold exactly the prompt and `generated` here: `pending` is not fed yet.
         copies = frozen_copy(self.caches, covered_tokens(self.caches))
         self._on_checkpoint(CheckpointState(generated, pending.token, copies, self.seed, pending.logprobs))
@@ -297,5 +368,21 @@ class Generation:
             ttft_s=ttft,
             prefill_tps=prefilled / ttft if ttft > 0 else 0.0,
             decode_tps=(n - 1) / decode_time if n > 1 and decode_time > 0 else 0.0,
+            draft_tokens=self._speculator.drafted if self._speculator is not None else 0,
+            accepted_tokens=self._speculator.accepted if self._speculator is not None else 0,
         )
+
+
+def _make_speculator(binding: MlxAutoregressiveBinding, params: SpeculativeParams,
+                     draft: MlxAutoregressiveBinding | None) -> Speculator | None:
+    proposer: Proposer
+    if params.mode == "off":
+        return None
+    if params.mode == "prompt_lookup":
+        proposer = PromptLookup(params.ngram_min, params.ngram_max)
+    elif draft is None:
+        raise ValueError("speculative mode 'draft' needs a draft model (serve/generate --draft-model or --draft-layers)")
+    else:
+        proposer = DraftModel(draft)
+    return Speculator(params, proposer, binding.step_costs)
 

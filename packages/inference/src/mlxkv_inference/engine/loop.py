@@ -23,6 +23,7 @@ from mlxkv_inference.cache.reuse import covered_tokens
 from mlxkv_inference.engine.constraint import GrammarConstraint
 from mlxkv_inference.engine.logits import LogitsProcessor
 from mlxkv_inference.engine.sampling import Sampler
+from mlxkv_inference.engine.speculation import Round
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class SequenceRun:
         self._first_step = first_step
         self._constraint = constraint
         self._next = mx.array([self.prompt[-1]], dtype=mx.uint32) if pending is None else None
+        self._round: tuple[Round, list[int]] | None = None
 
     @property
     def prefill_left(self) -> int:
@@ -110,6 +112,37 @@ class SequenceRun:
         """The (1,) token the next decode step feeds into this sequence's caches."""
         assert self._next is not None and self.prefill_left == 0 and self._pending is None
         return self._next
+
+    def round_input(self, drafts: Sequence[int]) -> mx.array:
+        """The (1 + len(drafts),) tokens a speculative round feeds: the pending token, then the
+        drafts; the round stays open until `end_round`."""
+        assert self._round is None, "a speculative round is already open"
+        fed = [_token(self.decode_input()), *drafts]
+        self._round = (Round(self.caches, len(fed)), fed)
+        return mx.array(fed, dtype=mx.uint32)
+
+    def sample_round(self, logits: mx.array) -> list[TokenStep]:
+        """Tokens from the (L, vocab) logits of the open round: position i's sample, while the
+        previous sample equals the draft fed at position i (see `engine/speculation.py`)."""
+        assert self._round is not None
+        fed = self._round[1]
+        steps = [self.sample(logits[0:1])]
+        for i in range(1, len(fed)):
+            if steps[-1].token != fed[i]:
+                break
+            steps.append(self.sample(logits[i : i + 1]))
+        return steps
+
+    def end_round(self, kept: int) -> None:
+        """Close the round keeping its first `kept` fed positions (the pending token and the
+        drafts accepted before the last token taken)."""
+        assert self._round is not None
+        current, fed = self._round
+        self._round = None
+        current.keep(kept, fed, self._refeed)
+
+    def _refeed(self, tokens: list[int], caches: list[LayerCache]) -> None:
+        self.binding.prefill(tokens, caches, len(tokens))
 
     def sample(self, logits: mx.array) -> TokenStep:
         """The token sampled from (1, vocab) `logits` of feeding `decode_input()` (evaluated)."""

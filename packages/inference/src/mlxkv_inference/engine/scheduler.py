@@ -2,7 +2,9 @@
 
     step:  prefill  one chunk of the oldest prefilling generations, within the token budget
            decode   one token for every generation past its prefill, as one batched step:
-                    stacked rows through every linear, attention per row against its own caches
+                    stacked rows through every linear, attention per row against its own caches;
+                    a generation speculating this step brings its drafts as more rows (its own
+                    draft length), and what it accepts changes no other row
 
 A generation's prefill chunks keep the boundaries it has when run alone (a chunk is never split
 to fit the budget), and its batched decode rows are bitwise its lone rows when the model's matmul
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import time
 
 import mlx.core as mx
 
@@ -111,26 +115,34 @@ class BatchScheduler:
         stepping = [g for g in ready if g.needs_step]
         for generation in (g for g in ready if not g.needs_step):  # a resumed generation's pending token
             outcomes[id(generation)] = StepOutcome(generation, tuple(generation.accept(None)), False)
-        if len(stepping) > 1 and self.binding.can_decode_batch([g.caches for g in stepping]):
-            self._decode_batched(stepping, outcomes)
+        inputs = [g.step_input() for g in stepping]
+        rows = sum(int(t.size) for t in inputs)
+        if len(stepping) > 1 and self.binding.can_decode_batch([g.caches for g in stepping], rows):
+            self._decode_batched(stepping, inputs, outcomes)
             return
-        for generation in stepping:
+        for generation, tokens in zip(stepping, inputs):
             try:
-                deltas = generation.accept(generation.decode_alone())
+                deltas = generation.accept(generation.decode_alone(tokens))
             except Exception as e:  # noqa: BLE001 - one failed generation must not stop the others
                 outcomes[id(generation)] = StepOutcome(generation, (), False, e)
             else:
                 outcomes[id(generation)] = StepOutcome(generation, tuple(deltas), False)
 
-    def _decode_batched(self, stepping: Sequence[Generation], outcomes: dict[int, StepOutcome]) -> None:
+    def _decode_batched(self, stepping: Sequence[Generation], inputs: Sequence[mx.array],
+                        outcomes: dict[int, StepOutcome]) -> None:
+        started = time.perf_counter()
+        lengths = [int(t.size) for t in inputs]
         try:
-            tokens = mx.concatenate([g.decode_input() for g in stepping])
-            logits = self.binding.decode_batch(tokens, [g.caches for g in stepping])
-            rows = [generation.accept(logits[r : r + 1]) for r, generation in enumerate(stepping)]
+            logits = self.binding.decode_batch(mx.concatenate(list(inputs)), [g.caches for g in stepping], lengths)
+            rows, start = [], 0
+            for generation, length in zip(stepping, lengths):
+                rows.append(generation.accept(logits[start : start + length]))
+                start += length
         except Exception as e:  # noqa: BLE001 - the rows shared the step: each of them failed
             for generation in stepping:
                 outcomes[id(generation)] = StepOutcome(generation, (), False, e)
             return
         self.batched_steps += 1
+        self.binding.step_costs.record(sum(lengths), time.perf_counter() - started)
         for generation, deltas in zip(stepping, rows):
             outcomes[id(generation)] = StepOutcome(generation, tuple(deltas), False)

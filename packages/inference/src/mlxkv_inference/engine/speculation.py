@@ -1,42 +1,134 @@
-"""Rolling a speculative round back to its accepted prefix, exactly.
+"""Speculative rounds: feed the pending token and k drafted ones in one forward, keep what the
+target would have sampled anyway, and roll the caches back to exactly that.
 
-KV caches drop the round's tokens by trimming; recurrent caches restore their pre-round state.
-The accepted tokens are then replayed one at a time, the way ordinary decode feeds them, so the
-caches end bit-identical to a run that never speculated.
+    round   feed  p  d0 d1 ... d(k-1)        (L = k + 1 positions, one forward)
+            logits of each position -> the target's own sample y_i at step s + i
+            accept d_i while y_i == d_i; y_a (first mismatch, or y_k) is the new pending token
+    keep    p d0 ... d(a-1)                  (n = a + 1 fed positions; the rest are rolled back)
+
+The accepted tokens are exactly the non-speculative run's: sample i of a round sees the logits a
+lone decode step would see (a model is only verified this way once a probe has found its
+multi-position forward bitwise equal to single steps; `round_fits` keeps rounds out of the cache
+states where that does not hold), and the sampler's key depends on (seed, step) alone.
+
+Rolling back: KV caches drop the rejected positions by trimming; recurrent caches go back to
+their pre-round state and the kept positions are fed again (one forward, exact for the same reason).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 import mlx.core as mx
 
-from mlxkv_inference.binding import MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
+from mlxkv_inference.cache.kv import RotatingKVCache
+from mlxkv_inference.cache.quantized import QuantizedKVCache
 from mlxkv_inference.cache.recurrent import RecurrentCache
+from mlxkv_inference.kv_scheme import KvScheme
+
+SpeculativeMode = Literal["off", "prompt_lookup", "draft"]
+SPECULATIVE_MODES: tuple[SpeculativeMode, ...] = ("off", "prompt_lookup", "draft")
+DEFAULT_NUM_DRAFT_TOKENS = 6
+MAX_NUM_DRAFT_TOKENS = 32
+PRIOR_POSITION_COST = 0.15  # cost of one more verified position, as a fraction of a step, until measured
+
+# Feeds tokens into caches through the model (a rolled-back round's kept positions).
+Refeed = Callable[[list[int], list[LayerCache]], None]
 
 
-def begin_round(caches: Sequence[LayerCache]) -> None:
+@dataclass(frozen=True, slots=True)
+class SpeculativeParams:
+    """How a generation speculates: its proposer and the most drafts a round may verify (the
+    adaptive length chooses up to that; `adaptive=False` always drafts as many as it can)."""
+
+    mode: SpeculativeMode = "off"
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS
+    ngram_max: int = 3  # prompt lookup: the longest suffix n-gram matched (tried first)
+    ngram_min: int = 1
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mode not in SPECULATIVE_MODES:
+            raise ValueError(f"speculative mode={self.mode!r} is not one of {', '.join(SPECULATIVE_MODES)}")
+        if not 1 <= self.num_draft_tokens <= MAX_NUM_DRAFT_TOKENS:
+            raise ValueError(f"num_draft_tokens={self.num_draft_tokens} is out of range; allowed: [1, {MAX_NUM_DRAFT_TOKENS}]")
+        if not 1 <= self.ngram_min <= self.ngram_max <= 8:
+            raise ValueError(f"n-gram sizes {self.ngram_min}..{self.ngram_max} are out of range; allowed: 1 <= min <= max <= 8")
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+
+def round_fits(caches: Sequence[LayerCache], positions: int, kv_scheme: KvScheme) -> int:
+    """The most positions (<= `positions`) one forward may verify from the caches' state and
+    still see what single steps would, and roll back by trimming: a sliding window must not
+    fill (its ring would wrap and its window mask apply), and a plain cache must stay below the
+    KV scheme's quantization start (single steps would attend the positions past it quantized)."""
+    fits = positions
     for cache in caches:
-        if isinstance(cache, RecurrentCache):
-            cache.spec_round_begin()
+        if isinstance(cache, RotatingKVCache):
+            fits = min(fits, cache.max_size - cache.offset - 1)
+        elif kv_scheme.bits is not None and not isinstance(cache, (QuantizedKVCache, RecurrentCache)):
+            fits = min(fits, kv_scheme.quantized_start - cache.offset - 1)
+    return max(fits, 1)
 
 
-def commit_round(caches: Sequence[LayerCache]) -> None:
-    for cache in caches:
-        if isinstance(cache, RecurrentCache):
-            cache.spec_round_commit()
+class Round:
+    """One open round over a sequence's caches: `begin` before its forward, `keep(n)` after."""
+
+    def __init__(self, caches: list[LayerCache], fed: int) -> None:
+        self._caches = caches
+        self._fed = fed
+        self._offsets = [c.offset for c in caches]
+        for cache in caches:
+            if isinstance(cache, RecurrentCache):
+                cache.spec_round_begin()
+
+    def keep(self, n: int, tokens: Sequence[int], refeed: Refeed) -> None:
+        """Keep the round's first `n` fed positions (`tokens` are the round's fed tokens)."""
+        if not 1 <= n <= self._fed:
+            raise ValueError(f"a round keeps 1..{self._fed} positions, not {n}")
+        recurrent = [c for c in self._caches if isinstance(c, RecurrentCache)]
+        if n == self._fed:
+            for state in recurrent:
+                state.spec_round_commit()
+            return
+        if not recurrent:
+            for cache in self._caches:
+                cache.trim(self._fed - n)
+            return
+        for layer, start in zip(self._caches, self._offsets):  # back to the round's start, then the kept positions again
+            if isinstance(layer, RecurrentCache):
+                layer.spec_round_rollback(0)
+            else:
+                layer.trim(layer.offset - start)
+        refeed(list(tokens[:n]), self._caches)
+        mx.eval([c.state for c in self._caches])
 
 
-def rollback_round(binding: MlxAutoregressiveBinding, caches: list[LayerCache], round_tokens: Sequence[int], keep: int) -> None:
-    """Undo a round that fed `round_tokens`, keeping (and replaying) the first `keep` of them."""
-    if not 0 <= keep <= len(round_tokens):
-        raise ValueError(f"keep={keep} must be within the round's {len(round_tokens)} tokens")
-    for cache in caches:
-        if isinstance(cache, RecurrentCache):
-            cache.spec_round_rollback(keep)
-        else:
-            cache.trim(len(round_tokens), bypass=not cache.is_trimmable())
-    for token in round_tokens[:keep]:
-        binding.decode(mx.array([token]), caches)
-    mx.eval([c.state for c in caches])
+class StepCosts:
+    """Seconds per forward of `rows` positions (decayed averages), shared by a binding's
+    generations; `relative(rows)` is a forward's cost in single steps."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    def record(self, rows: int, seconds: float) -> None:
+        with self._lock:
+            previous = self._seconds.get(rows)
+            self._seconds[rows] = seconds if previous is None else 0.8 * previous + 0.2 * seconds
+
+    def relative(self, rows: int) -> float:
+        with self._lock:
+            one, many = self._seconds.get(1), self._seconds.get(rows)
+        if rows == 1:
+            return 1.0
+        if one is None or many is None or one <= 0:
+            return 1.0 + PRIOR_POSITION_COST * (rows - 1)
+        return max(many / one, 1.0)

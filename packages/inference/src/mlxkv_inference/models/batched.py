@@ -1,8 +1,10 @@
-"""A batched single-token decode step over mlx-lm's llama-style graphs.
+"""A batched decode step over mlx-lm's llama-style graphs.
 
-    rows  t0 t1 ... t(M-1)                 one token per sequence, M sequences
-    embed, norms, q/k/v/o projections, MLP, lm_head: one (M, 1, D) product per weight
-    RoPE, cache update, attention:        per row, against that row's own cache (no padding)
+    rows  t0 t1 ... t(R-1)                 L_i consecutive tokens of sequence i (1, or a
+                                           speculative round's pending token and drafts)
+    embed, norms, q/k/v/o projections, MLP, lm_head: one (R, 1, D) product per weight
+    RoPE, cache update, attention:        per sequence, its L_i positions against its own
+                                           cache (no padding), as its own forward runs them
 
 Every batched operation is row-wise (a row's result depends on that row only) when the matmul
 kernels are row-invariant; `row_invariant_kinds` checks that per weight kind, and a step whose
@@ -62,12 +64,15 @@ def rows_invariant(model: nn.Module, max_rows: int) -> bool:
     return True
 
 
-def decode_batch(model: nn.Module, tokens: mx.array, caches: Sequence[Sequence[LayerCache]]) -> mx.array:
-    """(M, vocab) float32 logits for one token per row; row i feeds `tokens[i]` into `caches[i]`."""
+def decode_batch(model: nn.Module, tokens: mx.array, caches: Sequence[Sequence[LayerCache]],
+                 lengths: Sequence[int] | None = None) -> mx.array:
+    """(R, vocab) float32 logits of every row: sequence i feeds the next `lengths[i]` tokens
+    (default one each) into `caches[i]`."""
+    spans = _spans(lengths if lengths is not None else [1] * len(caches))
     inner: Any = getattr(model, "model")
     h: mx.array = inner.embed_tokens(tokens.reshape(-1, 1))
     for index, layer in enumerate(inner.layers):
-        h = h + _attention(layer.self_attn, layer.input_layernorm(h), [row[index] for row in caches])
+        h = h + _attention(layer.self_attn, layer.input_layernorm(h), [row[index] for row in caches], spans)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     h = inner.norm(h)
     head: Any = getattr(model, "lm_head", None)
@@ -88,25 +93,37 @@ def _input_width(linear: Any, inner: Any) -> int:
     return int(linear.weight.shape[1] * (32 // bits))
 
 
-def _attention(attn: Any, x: mx.array, caches: list[LayerCache]) -> mx.array:
+def _spans(lengths: Sequence[int]) -> list[tuple[int, int]]:
+    spans, start = [], 0
+    for length in lengths:
+        if length < 1:
+            raise ValueError(f"a sequence feeds at least one token a step, not {length}")
+        spans.append((start, start + length))
+        start += length
+    return spans
+
+
+def _attention(attn: Any, x: mx.array, caches: list[LayerCache], spans: Sequence[tuple[int, int]]) -> mx.array:
     queries, keys, values = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
-    outputs = [_row_attention(attn, queries[r : r + 1], keys[r : r + 1], values[r : r + 1], cache)
-               for r, cache in enumerate(caches)]
+    outputs = [_sequence_attention(attn, queries[a:b], keys[a:b], values[a:b], cache)
+               for (a, b), cache in zip(spans, caches, strict=True)]
     out: mx.array = attn.o_proj(mx.concatenate(outputs, axis=0))
     return out
 
 
-def _row_attention(attn: Any, q: mx.array, k: mx.array, v: mx.array, cache: Any) -> mx.array:
-    """mlx-lm's attention body for one (1, 1, D) row (qwen3's q/k norms included)."""
-    q = q.reshape(1, 1, attn.n_heads, -1)
-    k = k.reshape(1, 1, attn.n_kv_heads, -1)
+def _sequence_attention(attn: Any, q: mx.array, k: mx.array, v: mx.array, cache: Any) -> mx.array:
+    """mlx-lm's attention body for one sequence's (L, 1, D) rows as its (1, L, D) positions
+    (qwen3's q/k norms included)."""
+    length = q.shape[0]
+    q = q.reshape(1, length, attn.n_heads, -1)
+    k = k.reshape(1, length, attn.n_kv_heads, -1)
     if hasattr(attn, "q_norm"):
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)
-    v = v.reshape(1, 1, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    v = v.reshape(1, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
     offset = cache.offset
     q, k = attn.rope(q, offset=offset), attn.rope(k, offset=offset)
+    mask = _mlx_lm.create_attention_mask(q[:, 0], cache)
     keys, values = cache.update_and_fetch(k, v)
-    mask = _mlx_lm.create_attention_mask(q[:, 0].reshape(1, 1, -1), cache)
     out = _mlx_lm.attention(q, keys, values, cache, attn.scale, mask)
-    return out.transpose(0, 2, 1, 3).reshape(1, 1, -1)
+    return out.transpose(0, 2, 1, 3).reshape(length, 1, -1)

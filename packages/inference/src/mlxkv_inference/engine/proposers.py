@@ -1,0 +1,111 @@
+"""Draft proposers: where a speculative round's guesses come from.
+
+Drafts only decide how many tokens a round can accept, never which tokens are produced (see
+`engine/speculation.py`), so a proposer may be as approximate as it likes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import mlx.core as mx
+
+from mlxkv_inference.binding import MlxAutoregressiveBinding
+from mlxkv_inference.cache.contract import CacheTrimError
+from mlxkv_inference.cache.factory import LayerCache
+from mlxkv_inference.cache.reuse import common_prefix, covered_tokens
+
+
+class Proposer(Protocol):
+    def propose(self, history: Sequence[int], limit: int) -> list[int]:
+        """Up to `limit` tokens guessed to follow `history` (the prompt and every generated token)."""
+        ...
+
+
+class PromptLookup:
+    """Prompt-lookup drafts: the longest suffix n-gram of the history (n from `ngram_max` down to
+    `ngram_min`) that occurred before, and the tokens that followed its latest occurrence.
+
+    The index grows with the history (a few dict writes a token), so a lookup costs O(ngram_max).
+    """
+
+    def __init__(self, ngram_min: int = 1, ngram_max: int = 3) -> None:
+        self._sizes = range(ngram_max, ngram_min - 1, -1)
+        self._tokens: list[int] = []
+        # n -> n-gram -> start of its latest occurrence that has a token after it
+        self._latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self._sizes}
+
+    def _reset(self) -> None:
+        self._tokens = []
+        self._latest = {n: {} for n in self._sizes}
+
+    def propose(self, history: Sequence[int], limit: int) -> list[int]:
+        self._sync(history)
+        tokens, end = self._tokens, len(self._tokens)
+        for n in self._sizes:
+            if end < n:
+                continue
+            start = self._latest[n].get(tuple(tokens[end - n :]))
+            if start is not None:
+                return tokens[start + n : start + n + limit]
+        return []
+
+    def _sync(self, history: Sequence[int]) -> None:
+        held = len(self._tokens)  # a generation's history only grows; anything else starts over
+        if len(history) < held or list(history[:held]) != self._tokens:
+            self._reset()
+        for token in history[len(self._tokens) :]:
+            self._tokens.append(token)
+            end = len(self._tokens)
+            for n in self._sizes:  # the n-grams ending just before `token` now have a follower
+                start = end - 1 - n
+                if start >= 0:
+                    self._latest[n][tuple(self._tokens[start : end - 1])] = start
+
+
+class DraftModel:
+    """Greedy drafts from a smaller model with the same tokenizer, on caches of its own that
+    follow the history (kept positions are reused; what a round rejected is trimmed)."""
+
+    def __init__(self, binding: MlxAutoregressiveBinding) -> None:
+        self.binding = binding
+        self._caches: list[LayerCache] = binding.make_cache()
+        self._tokens: list[int] = []  # what the caches hold
+
+    def propose(self, history: Sequence[int], limit: int) -> list[int]:
+        if limit < 1 or not history:
+            return []
+        self._rewind(min(common_prefix(self._tokens, history), len(history) - 1))
+        fresh = list(history[len(self._tokens) :])
+        if len(fresh) > 1:
+            self.binding.prefill(fresh[:-1], self._caches)
+        logits = self.binding.decode(mx.array(fresh[-1:]), self._caches)
+        self._tokens = list(history)
+        drafts: list[int] = []
+        for i in range(limit):
+            token = _argmax(logits)
+            drafts.append(token)
+            if i + 1 < limit:
+                logits = self.binding.decode(mx.array([token]), self._caches)
+                self._tokens.append(token)
+        return drafts
+
+    def _rewind(self, keep: int) -> None:
+        held = covered_tokens(self._caches)
+        if held <= keep:
+            return
+        try:
+            for cache in self._caches:
+                cache.trim(held - keep)
+        except CacheTrimError:  # a wrapped ring or recurrent state: start over from the history
+            self._caches = self.binding.make_cache()
+            self._tokens = []
+            return
+        self._tokens = self._tokens[:keep]
+
+
+def _argmax(logits: mx.array) -> int:
+    value = mx.argmax(logits, axis=-1).item()
+    assert isinstance(value, int)
+    return value

@@ -1,0 +1,87 @@
+"""One generation's speculation: its proposer, how many drafts a round verifies, and its counts.
+
+The draft length maximises expected tokens per unit of step time: with a per-draft acceptance
+rate a (decayed counts of this sequence's rounds), k drafts yield (1 - a^(k+1)) / (1 - a) tokens
+for the cost of a (k+1)-position forward relative to a single step (`StepCosts`, measured on the
+running machine). Where no k beats a plain step, the round is a plain step: speculation off where
+it loses. Prompt lookup drafts cost nothing, so while off it still checks its guesses against the
+tokens produced and turns itself back on when they start matching; a draft model is retried
+with one draft every `RETRY_EVERY` steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mlxkv_inference.engine.proposers import Proposer, PromptLookup
+from mlxkv_inference.engine.speculation import SpeculativeParams, StepCosts
+
+DECAY = 0.9  # weight of earlier rounds in the acceptance estimate
+RETRY_EVERY = 16
+GAIN_MARGIN = 1.05  # a longer round must beat the best shorter one by this much
+
+
+class Speculator:
+    def __init__(self, params: SpeculativeParams, proposer: Proposer, costs: StepCosts) -> None:
+        self.params = params
+        self._proposer = proposer
+        self._costs = costs
+        self._free = isinstance(proposer, PromptLookup)
+        self._hits = 1.0  # decayed accepted drafts (a prior of one hit in two)
+        self._misses = 1.0  # decayed rejected drafts
+        self._shadow: list[int] = []
+        self._idle_steps = 0
+        self.drafted = 0  # drafts verified
+        self.accepted = 0  # drafts accepted
+        self.rounds = 0  # steps that verified at least one draft
+
+    @property
+    def acceptance(self) -> float:
+        return self._hits / (self._hits + self._misses)
+
+    def drafts(self, history: Sequence[int], limit: int) -> list[int]:
+        """The drafts the next step verifies (empty: a plain step); at most `limit`."""
+        self._shadow = []
+        if limit < 1:
+            return []
+        k = self._length(limit)
+        if k == 0:
+            self._idle_steps += 1
+            if self._free:
+                self._shadow = self._proposer.propose(history, 1)
+                return []
+            if self._idle_steps < RETRY_EVERY:
+                return []
+            k = 1
+        self._idle_steps = 0
+        return self._proposer.propose(history, k)
+
+    def observe(self, drafts: Sequence[int], produced: Sequence[int]) -> None:
+        """Tokens a step produced (sampled by the target) after verifying `drafts`."""
+        guessed = list(drafts) or self._shadow
+        if not guessed or not produced:
+            return
+        accepted = 0
+        for draft, token in zip(guessed, produced):
+            if draft != token:
+                break
+            accepted += 1
+        rejected = 1 if accepted < len(guessed) and accepted < len(produced) else 0
+        self._hits = DECAY * self._hits + accepted
+        self._misses = DECAY * self._misses + rejected
+        if drafts:
+            self.rounds += 1
+            self.drafted += len(drafts)
+            self.accepted += min(accepted, len(produced) - 1)
+
+    def _length(self, limit: int) -> int:
+        if not self.params.adaptive:
+            return limit
+        rate = min(self.acceptance, 0.999)
+        best_k, best = 0, 1.0
+        for k in range(1, limit + 1):
+            expected = (1 - rate ** (k + 1)) / (1 - rate)
+            gain = expected / self._costs.relative(k + 1)
+            if gain > best * GAIN_MARGIN:
+                best_k, best = k, gain
+        return best_k

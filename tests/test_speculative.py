@@ -1,0 +1,193 @@
+"""Speculative decoding gives exactly the tokens of not speculating: per cache kind, per proposer,
+greedy and seeded, alone and in a batch; and the pieces (prompt lookup, rounds, adaptivity)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+from mlxkv_inference import Generation, GenerationParams, KvScheme, MlxAutoregressiveBinding, SamplingParams
+from mlxkv_inference.engine.generate import GenerationResult
+from mlxkv_inference.engine.proposers import PromptLookup
+from mlxkv_inference.engine.scheduler import BatchScheduler
+from mlxkv_inference.engine.speculation import SpeculativeParams, StepCosts, round_fits
+from mlxkv_inference.engine.speculator import Speculator
+from mlxkv_inference.models.draft import layer_skip_draft
+from tests.factories import make_prompt, make_tiny_binding
+
+# kind -> (model overrides, kv scheme, draft layers). Rotating: a window the rounds run into;
+# quantized: rounds straddle the quantization start; recurrent: a hybrid with linear attention.
+MODELS: dict[str, tuple[str, dict[str, Any], KvScheme, int]] = {
+    "plain": ("llama", {}, KvScheme(), 1),
+    "plain-qwen3": ("qwen3", {}, KvScheme(), 1),
+    "rotating": ("gemma3_text", {"sliding_window": 48}, KvScheme(), 2),
+    "quantized": ("llama", {"head_dim": 64}, KvScheme(bits=8, group_size=32, quantized_start=40), 1),
+    "recurrent": ("qwen3_next", {}, KvScheme(), 2),
+}
+SAMPLINGS = {"greedy": SamplingParams(), "seeded": SamplingParams(temperature=0.9, seed=11)}
+
+
+def _binding(name: str) -> MlxAutoregressiveBinding:
+    kind, overrides, scheme, _ = MODELS[name]
+    return make_tiny_binding(kind, kv_scheme=scheme, **overrides)
+
+
+def repetitive_prompt(length: int) -> list[int]:
+    """A prompt that repeats itself (so prompt lookup finds n-grams to draft from)."""
+    base = make_prompt(9, seed=3)
+    return (base * (length // len(base) + 1))[:length]
+
+
+def run(binding: MlxAutoregressiveBinding, prompt: list[int], sampling: SamplingParams, spec: SpeculativeParams,
+        draft: MlxAutoregressiveBinding | None = None, max_tokens: int = 40) -> GenerationResult:
+    params = GenerationParams(max_tokens=max_tokens, sampling=sampling, ignore_eos=True, speculative=spec)
+    return Generation(binding, prompt, params, draft=draft).run()
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+@pytest.mark.parametrize("mode", ["prompt_lookup", "draft"])
+@pytest.mark.parametrize("name", MODELS)
+def test_speculation_gives_the_tokens_of_not_speculating(name: str, mode: str, sampling: str) -> None:
+    binding = _binding(name)
+    draft = layer_skip_draft(binding, MODELS[name][3]) if mode == "draft" else None
+    prompt = repetitive_prompt(30)
+    plain = run(binding, prompt, SAMPLINGS[sampling], SpeculativeParams())
+    spec = SpeculativeParams(mode=mode, num_draft_tokens=4, adaptive=False)  # type: ignore[arg-type]
+    fast = run(binding, prompt, SAMPLINGS[sampling], spec, draft)
+    assert fast.token_ids == plain.token_ids
+    assert fast.draft_tokens > 0  # rounds really ran
+    assert binding.verifies_positions()
+
+
+def test_rounds_accept_and_reject_so_both_paths_run() -> None:
+    """Across the matrix above some drafts are accepted and some rejected; pin it on one case
+    each, so the exactness test above is not passing on rounds that all accept or all reject."""
+    for name in ("plain", "recurrent"):
+        binding = _binding(name)
+        draft = layer_skip_draft(binding, MODELS[name][3])
+        result = run(binding, repetitive_prompt(30), SAMPLINGS["greedy"],
+                     SpeculativeParams(mode="draft", num_draft_tokens=4, adaptive=False), draft)
+        assert 0 < result.accepted_tokens < result.draft_tokens
+
+
+def test_logprobs_of_a_speculative_run_are_bitwise_those_of_a_plain_run() -> None:
+    binding = _binding("plain")
+    prompt = repetitive_prompt(30)
+
+    def steps(spec: SpeculativeParams) -> list[tuple[int, mx.array]]:
+        params = GenerationParams(max_tokens=30, ignore_eos=True, speculative=spec)
+        return [(d.step.token, d.step.logprobs) for d in Generation(binding, prompt, params) if d.step is not None]
+
+    plain = steps(SpeculativeParams())
+    fast = steps(SpeculativeParams(mode="prompt_lookup", num_draft_tokens=5, adaptive=False))
+    assert [t for t, _ in fast] == [t for t, _ in plain]
+    assert all(bool(mx.array_equal(a, b).item()) for (_, a), (_, b) in zip(fast, plain))
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+@pytest.mark.parametrize("name", ["plain", "quantized", "recurrent"])
+def test_speculating_rows_in_a_batch_keep_every_rows_tokens(name: str, sampling: str) -> None:
+    binding = _binding(name)
+    draft = layer_skip_draft(binding, MODELS[name][3])
+    prompts = [repetitive_prompt(30), make_prompt(17, seed=5), repetitive_prompt(22), make_prompt(12, seed=8)]
+    specs = [SpeculativeParams(mode="prompt_lookup", num_draft_tokens=5, adaptive=False),
+             SpeculativeParams(),
+             SpeculativeParams(mode="draft", num_draft_tokens=3, adaptive=False),
+             SpeculativeParams(mode="prompt_lookup", num_draft_tokens=2, adaptive=False)]
+    sampling_params = SAMPLINGS[sampling]
+    alone = [run(binding, p, sampling_params, SpeculativeParams(), max_tokens=24).token_ids for p in prompts]
+
+    scheduler = BatchScheduler(binding, max_batch=4)
+    generations = [Generation(binding, p, GenerationParams(max_tokens=24, sampling=sampling_params, ignore_eos=True,
+                                                           speculative=s), draft=draft)
+                   for p, s in zip(prompts, specs)]
+    for generation in generations:
+        scheduler.add(generation)
+    while scheduler.running:
+        scheduler.step()
+    for generation, expected in zip(generations, alone):
+        assert generation.result is not None
+        assert generation.result.token_ids == expected
+    assert sum(g.result.draft_tokens for g in generations if g.result is not None) > 0
+    if name != "recurrent":  # the hybrid graph runs a graph per row; the others ran stacked rows
+        assert scheduler.batched_steps > 0
+
+
+def test_a_round_stops_where_the_generation_does() -> None:
+    """max_tokens, EOS and stop strings may fall inside a round: the result and the caches end
+    exactly where a plain run's do."""
+    binding = _binding("plain")
+    prompt = repetitive_prompt(30)
+    for max_tokens in (1, 2, 7):
+        plain = Generation(binding, prompt, GenerationParams(max_tokens=max_tokens, ignore_eos=True))
+        fast = Generation(binding, prompt, GenerationParams(max_tokens=max_tokens, ignore_eos=True, speculative=SpeculativeParams(
+            mode="prompt_lookup", num_draft_tokens=6, adaptive=False)))
+        assert fast.run().token_ids == plain.run().token_ids
+        assert fast.fed_tokens() == plain.fed_tokens()
+        assert [c.offset for c in fast.caches] == [c.offset for c in plain.caches]
+
+
+def test_checkpoints_taken_during_speculation_resume_exactly() -> None:
+    from mlxkv_inference.engine.generate import CheckpointState, ResumePoint
+
+    binding = _binding("plain")
+    prompt = repetitive_prompt(30)
+    spec = SpeculativeParams(mode="prompt_lookup", num_draft_tokens=6, adaptive=False)
+    checkpoints: list[CheckpointState] = []
+    params = GenerationParams(max_tokens=40, ignore_eos=True, speculative=spec)
+    full = Generation(binding, prompt, params, checkpoint_every=8, on_checkpoint=checkpoints.append).run()
+    assert full.draft_tokens > 0
+    assert [len(c.generated) for c in checkpoints] == [8, 16, 24, 32]
+    for state in checkpoints:
+        resumed = Generation(binding, prompt, params, state.caches,
+                             resume=ResumePoint(state.generated, state.pending)).run()
+        assert resumed.token_ids == full.token_ids
+
+
+def test_prompt_lookup_drafts_what_followed_the_longest_latest_match() -> None:
+    lookup = PromptLookup(ngram_min=1, ngram_max=3)
+    history = [1, 2, 3, 4, 9, 2, 3, 5, 7, 1, 2, 3]
+    assert lookup.propose(history, 3) == [4, 9, 2]  # "1 2 3" (the longest match) followed by 4 9 2
+    assert lookup.propose([1, 2, 3, 4, 9, 2, 3, 5, 7, 8, 2, 3], 2) == [5, 7]  # the latest "2 3" wins
+    assert lookup.propose([5, 6, 7], 4) == []
+    assert lookup.propose([5, 6, 7, 5], 4) == [6, 7, 5]
+
+
+def test_prompt_lookup_follows_a_growing_history_and_starts_over_on_another() -> None:
+    lookup = PromptLookup(ngram_min=2, ngram_max=2)
+    history = [4, 5, 6, 4]
+    assert lookup.propose(history, 2) == []  # one token of overlap is below ngram_min
+    history.append(5)
+    assert lookup.propose(history, 2) == [6, 4]
+    assert lookup.propose([9, 9, 9], 2) == [9]
+
+
+def test_round_fits_keeps_rounds_out_of_a_full_window_and_the_quantization_start() -> None:
+    rotating = make_tiny_binding("gemma3_text", sliding_window=16)
+    caches = rotating.make_cache()
+    rotating.prefill(make_prompt(12), caches)
+    assert round_fits(caches, 8, rotating.kv_scheme) == 3  # positions 12..14: the window stays short of full
+    quantized = _binding("quantized")
+    caches = quantized.make_cache()
+    quantized.prefill(make_prompt(36), caches)
+    assert round_fits(caches, 8, quantized.kv_scheme) == 3  # positions 36..38 stay below 40
+
+
+def test_adaptive_length_turns_speculation_off_where_drafts_miss_and_back_on() -> None:
+    costs = StepCosts()
+    costs.record(1, 1.0)
+    for rows in range(2, 8):
+        costs.record(rows, 1.0 + 0.1 * (rows - 1))
+    speculator = Speculator(SpeculativeParams(mode="prompt_lookup", num_draft_tokens=6), PromptLookup(), costs)
+    history = [1, 2, 3, 1, 2, 3, 1, 2]
+    assert speculator.drafts(history, 6) != []
+    for _ in range(20):  # every draft misses
+        drafts = speculator.drafts(history, 6)
+        speculator.observe(drafts, [99])
+    assert speculator.drafts(history, 6) == []
+    for _ in range(30):  # the (free) shadow guesses start matching
+        speculator.drafts(history, 6)
+        speculator.observe([], [3])
+    assert speculator.drafts(history, 6) != []
