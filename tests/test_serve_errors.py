@@ -106,6 +106,12 @@ BAD: list[tuple[str, str, str | bytes | dict[str, Any] | list[Any], int, str | N
      400, None),
     ("response_format with required tools", CHAT, chat(response_format={"type": "json_object"}, tools=[function("f")], tool_choice="required"),
      400, "response_format"),
+    ("speculative not an object", CHAT, chat(speculative="fast"), 400, "speculative"),
+    ("speculative unknown mode", CHAT, chat(speculative={"mode": "medusa"}), 400, "speculative.mode"),
+    ("speculative unknown field", CHAT, chat(speculative={"mode": "off", "ngram": 3}), 400, "speculative"),
+    ("speculative zero drafts", CHAT, chat(speculative={"num_draft_tokens": 0}), 400, "speculative.num_draft_tokens"),
+    ("speculative too many drafts", CHAT, chat(speculative={"num_draft_tokens": 33}), 400, "speculative.num_draft_tokens"),
+    ("speculative draft without a draft model", CHAT, chat(speculative={"mode": "draft"}), 400, None),
     ("grammar that does not compile", CHAT, chat(grammar="start: foo"), 400, None),
     ("regex that does not compile", CHAT, chat(regex="a(b"), 400, None),
     ("grammar and regex", CHAT, chat(grammar="start: \"a\"", regex="a"), 400, "grammar"),
@@ -115,6 +121,7 @@ BAD: list[tuple[str, str, str | bytes | dict[str, Any] | list[Any], int, str | N
 
 BAD_MESSAGES: list[tuple[str, dict[str, Any], int]] = [
     ("messages without max_tokens", {"messages": OK_MESSAGES}, 400),
+    ("messages speculative unknown mode", {"max_tokens": 4, "messages": OK_MESSAGES, "speculative": {"mode": "x"}}, 400),
     ("messages starting with assistant", {"max_tokens": 4, "messages": [{"role": "assistant", "content": "x"}]}, 400),
     ("messages with an image block", {"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400),
     ("messages temperature above one", {"max_tokens": 4, "temperature": 1.5, "messages": OK_MESSAGES}, 400),

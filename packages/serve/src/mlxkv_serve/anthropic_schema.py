@@ -8,6 +8,7 @@ from typing import Any
 from mlxkv_serve.config import ServeConfig
 from mlxkv_serve import tool_fields
 from mlxkv_serve.engine import ChatMessage, GenerateRequest, Sampling, Tool, ToolChoice
+from mlxkv_serve.speculative_field import speculation
 from mlxkv_serve.errors import RequestError
 from mlxkv_serve.fields import Fields
 
@@ -47,7 +48,7 @@ def parse_messages(body: Any, config: ServeConfig) -> MessagesRequest:
     tool_fields.only_one(constraint, bool(tools) and choice != "none", "grammar" if "grammar" in f.body else "regex")
     generate = GenerateRequest(max_tokens=max_tokens, sampling=sampling, messages=tuple(messages),
                                stop=f.stop("stop_sequences", MAX_STOP), constraint=constraint, tools=tools,
-                               tool_choice=choice, tool_name=name, parallel_tool_calls=parallel)
+                               tool_choice=choice, tool_name=name, parallel_tool_calls=parallel, speculative=speculation(f.body))
     return MessagesRequest(generate, f.boolean("stream", False))
 
 

@@ -64,6 +64,18 @@ class Sampling:
     seed: int | None = None
 
 
+SpeculativeMode = Literal["off", "prompt_lookup", "draft"]
+
+
+@dataclass(frozen=True, slots=True)
+class Speculation:
+    """A request's `speculative` field: None parts take the server's defaults. The tokens are the
+    same whatever it says; only how fast they come changes."""
+
+    mode: SpeculativeMode | None = None
+    num_draft_tokens: int | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
     """Exactly one of `messages` (chat, templated), `prompt` (text) or `prompt_tokens` (ids)."""
@@ -80,6 +92,7 @@ class GenerateRequest:
     tool_choice: ToolChoice = "auto"
     tool_name: str | None = None  # the one tool the answer must call (tool_choice naming a function)
     parallel_tool_calls: bool = True
+    speculative: Speculation = field(default_factory=Speculation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +124,8 @@ class Finished:
     ttft_s: float
     resumed_tokens: int = 0  # tokens generated before a restart, restored from a checkpoint (not prompt)
     tool_calls: tuple[ToolCall, ...] = ()  # finish_reason is "tool_calls" when there are any
+    draft_tokens: int = 0  # speculative drafts verified
+    accepted_tokens: int = 0  # of those, accepted
 
 
 @dataclass(frozen=True, slots=True)

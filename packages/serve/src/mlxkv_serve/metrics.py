@@ -1,4 +1,5 @@
-"""Prometheus metrics: requests, disconnects, failures, queue depth, batch size, tokens, time to first token, the prompt cache tiers."""
+"""Prometheus metrics: requests, disconnects, failures, queue depth, batch size, tokens, speculative drafts, time to
+first token, the prompt cache tiers."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ class ServerMetrics:
         self.cached_tokens = Counter("mlxkv_cached_prompt_tokens", "prompt tokens served from the prompt cache", registry=self.registry)
         self.resumed_tokens = Counter("mlxkv_resumed_tokens", "generated tokens restored from checkpoints", registry=self.registry)
         self.completion_tokens = Counter("mlxkv_completion_tokens", "tokens generated", registry=self.registry)
+        self.draft_tokens = Counter("mlxkv_speculative_draft_tokens", "speculative drafts verified", registry=self.registry)
+        self.accepted_tokens = Counter("mlxkv_speculative_accepted_tokens", "speculative drafts accepted (each a step saved)",
+                                       registry=self.registry)
         self.ttft = Histogram("mlxkv_time_to_first_token_seconds", "time from request to first token", registry=self.registry,
                               buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))
         self.registry.register(_CacheCollector(cache_stats))

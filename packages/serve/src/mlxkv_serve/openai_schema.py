@@ -10,6 +10,7 @@ from typing import Any
 from mlxkv_serve.config import ServeConfig
 from mlxkv_serve import tool_fields
 from mlxkv_serve.engine import ChatMessage, Constraint, GenerateRequest, Sampling, Tool, ToolCall, ToolChoice
+from mlxkv_serve.speculative_field import speculation
 from mlxkv_serve.errors import RequestError
 from mlxkv_serve.fields import Fields
 from mlxkv_serve.unsupported import OPENAI, refuse_unsupported
@@ -92,7 +93,8 @@ def _request(f: Fields, config: ServeConfig, max_tokens: int | None, top: int | 
     tool_fields.only_one(constraint, bool(tools) and choice != "none", "response_format")
     generate = GenerateRequest(max_tokens=max_tokens, sampling=sampling, stop=f.stop("stop", MAX_STOP), top_logprobs=top,
                                constraint=constraint, tools=tools, tool_choice=choice, tool_name=name,
-                               parallel_tool_calls=f.boolean("parallel_tool_calls", True), **prompt)
+                               parallel_tool_calls=f.boolean("parallel_tool_calls", True),
+                               speculative=speculation(f.body), **prompt)
     return OpenAiRequest(generate, f.boolean("stream", False), include_usage)
 
 

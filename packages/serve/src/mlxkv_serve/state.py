@@ -22,4 +22,6 @@ class ServerState:
         self.metrics.cached_tokens.inc(done.cached_tokens)
         self.metrics.resumed_tokens.inc(done.resumed_tokens)
         self.metrics.completion_tokens.inc(done.completion_tokens)
+        self.metrics.draft_tokens.inc(done.draft_tokens)
+        self.metrics.accepted_tokens.inc(done.accepted_tokens)
         self.metrics.ttft.observe(done.ttft_s)

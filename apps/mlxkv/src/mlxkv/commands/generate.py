@@ -14,8 +14,8 @@ from mlxkv_inference.engine.cached_generation import CachedGenerator
 from mlxkv_inference.tokenizer.chat import encode_chat
 
 from mlxkv.commands.options import (
-    add_cache_options, add_model_options, add_sampling_options, cpu_kernels_from, generation_params_from,
-    kv_scheme_from, runtime_line,
+    add_cache_options, add_model_options, add_sampling_options, add_speculative_options, cpu_kernels_from,
+    generation_params_from, kv_scheme_from, prepare_speculation, runtime_line,
 )
 from mlxkv.engine.cache_services import build_tiers
 from mlxkv.paths import weights_digest_memo
@@ -42,6 +42,7 @@ def register(sub: Any) -> None:
     shape.add_argument("--regex", metavar="PATTERN", default=None, help="answer with text that matches PATTERN")
     add_model_options(parser)
     add_sampling_options(parser, default_max_tokens=256)
+    add_speculative_options(parser, server=False)
     add_cache_options(parser)
     parser.set_defaults(run=run)
 
@@ -51,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     progress = TerminalProgress()
     progress.status(f"loading {args.model or 'the embedded model'} ...")
     binding = load_binding(args.model, kv_scheme_from(args), cpu_kernels_from(args), digest_memo=weights_digest_memo())
+    draft = prepare_speculation(args, binding)
     progress.clear()
     print(f"mlxkv generate: {runtime_line(binding)}", file=sys.stderr)
     tokenizer = binding.tokenizer
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         chat = encode_chat(tokenizer, messages)
         prompt, history_end = chat.tokens, chat.history_end
     tiers, _ = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max)
-    generator = CachedGenerator(binding, tiers)
+    generator = CachedGenerator(binding, tiers, draft)
     generation = generator.start(prompt, params, history_end=history_end, on_prefill_progress=progress.prefill)
     try:
         for delta in generation:
@@ -103,8 +105,12 @@ def grammar_from(args: argparse.Namespace) -> Grammar | None:
 
 
 def stats_line(result: GenerationResult) -> str:
+    speculation = ""
+    if result.draft_tokens:
+        rate = result.accepted_tokens / result.draft_tokens
+        speculation = f" | drafts: {result.accepted_tokens}/{result.draft_tokens} accepted ({rate:.0%})"
     return (
         f"prompt: {result.prompt_tokens} tokens ({result.cached_tokens} cached), {result.prefill_tps:.1f} tok/s | "
         f"generation: {result.generated_tokens} tokens, {result.decode_tps:.1f} tok/s | "
-        f"ttft: {result.ttft_s:.2f} s | finish: {result.finish_reason} | seed: {result.seed}"
+        f"ttft: {result.ttft_s:.2f} s | finish: {result.finish_reason} | seed: {result.seed}{speculation}"
     )

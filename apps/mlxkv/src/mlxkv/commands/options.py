@@ -10,6 +10,10 @@ from mlxkv.paths import DEFAULT_SSD_BYTES, default_cache_dir, default_ram_cache_
 from mlxkv_inference import DEFAULT_PREFILL_CHUNK, DEFAULT_QUANTIZED_KV_START, GenerationParams, KvScheme, SamplingParams
 from mlxkv_inference import MlxAutoregressiveBinding
 from mlxkv_inference._blas import blas_description
+from mlxkv_inference.engine.speculation import (
+    DEFAULT_NUM_DRAFT_TOKENS, MAX_NUM_DRAFT_TOKENS, SPECULATIVE_MODES, SpeculativeMode, SpeculativeParams,
+)
+from mlxkv_inference.models.draft import check_draft_tokenizer, layer_skip_draft
 from mlxkv_inference.models.cpu_kernels import (
     CPU_KERNELS, CpuKernels, check_cpu_kernels, default_cpu_kernels, describe_cpu_kernels,
 )
@@ -73,6 +77,47 @@ def add_prefill_option(group: argparse._ArgumentGroup) -> None:
     )
 
 
+def add_speculative_options(parser: argparse.ArgumentParser, *, server: bool) -> None:
+    group = parser.add_argument_group("speculative decoding (the tokens are exactly those of not speculating)")
+    default = "the requests' default" if server else "the default"
+    group.add_argument("--speculative", choices=SPECULATIVE_MODES, default=None,
+                       help=f"{default} proposer: prompt_lookup drafts what followed the latest earlier occurrence of the "
+                       "last few tokens (pays when the answer repeats the prompt: edits, quotes); draft uses the draft "
+                       "model; off (default: prompt_lookup, or draft when a draft model is given)")
+    group.add_argument("--num-draft-tokens", type=int, default=DEFAULT_NUM_DRAFT_TOKENS, metavar="K",
+                       help=f"the most drafts one step verifies, in [1, {MAX_NUM_DRAFT_TOKENS}]; the adaptive length picks "
+                       f"up to K from each sequence's acceptance rate (default: {DEFAULT_NUM_DRAFT_TOKENS})")
+    draft = group.add_mutually_exclusive_group()
+    draft.add_argument("--draft-model", metavar="PATH", default=None,
+                       help="draft model for --speculative draft: a local mlx-lm directory or .gguf with the same tokenizer")
+    draft.add_argument("--draft-layers", type=int, default=None, metavar="N",
+                       help="draft with the model's own first N layers (self-speculation; no second model to load)")
+
+
+def speculative_params_from(args: argparse.Namespace) -> SpeculativeParams:
+    has_draft = args.draft_model is not None or args.draft_layers is not None
+    mode: SpeculativeMode = args.speculative or ("draft" if has_draft else "prompt_lookup")
+    if mode == "draft" and not has_draft:
+        raise ValueError("--speculative draft needs --draft-model PATH or --draft-layers N")
+    return SpeculativeParams(mode=mode, num_draft_tokens=args.num_draft_tokens)
+
+
+def prepare_speculation(args: argparse.Namespace, target: MlxAutoregressiveBinding) -> MlxAutoregressiveBinding | None:
+    """Probe, before the first request, whether `target` can verify drafts exactly (see
+    `verifies_positions`); return the draft model --draft-model or --draft-layers names."""
+    if speculative_params_from(args).enabled:
+        target.verifies_positions()
+    if args.draft_layers is not None:
+        return layer_skip_draft(target, args.draft_layers)
+    if args.draft_model is None:
+        return None
+    from mlxkv_inference import load_binding
+
+    draft = load_binding(args.draft_model, cpu_kernels=target.cpu_kernels)
+    check_draft_tokenizer(target, draft)
+    return draft
+
+
 def cpu_kernels_from(args: argparse.Namespace) -> CpuKernels:
     return check_cpu_kernels(args.cpu_kernels)
 
@@ -93,7 +138,8 @@ def kv_scheme_from(args: argparse.Namespace) -> KvScheme:
 
 def base_params_from(args: argparse.Namespace) -> GenerationParams:
     """What every request of `serve` runs with, beside its own sampling and limits."""
-    return GenerationParams(prefill_chunk=args.prefill_step_size, compiled_decode=args.compiled_decode)
+    return GenerationParams(prefill_chunk=args.prefill_step_size, compiled_decode=args.compiled_decode,
+                            speculative=speculative_params_from(args))
 
 
 def generation_params_from(args: argparse.Namespace) -> GenerationParams:
@@ -113,6 +159,7 @@ def generation_params_from(args: argparse.Namespace) -> GenerationParams:
         stop=tuple(args.stop),
         prefill_chunk=args.prefill_step_size,
         compiled_decode=args.compiled_decode,
+        speculative=speculative_params_from(args),
     )
 
 

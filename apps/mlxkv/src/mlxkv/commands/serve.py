@@ -20,7 +20,8 @@ from mlxkv_serve import ServeConfig, bounded_http_protocol, build_app
 from mlxkv_serve.config import loopback_hosts
 
 from mlxkv.commands.options import (
-    add_cache_options, add_model_options, add_prefill_option, base_params_from, cpu_kernels_from, kv_scheme_from, runtime_info,
+    add_cache_options, add_model_options, add_prefill_option, add_speculative_options, base_params_from, cpu_kernels_from,
+    kv_scheme_from, prepare_speculation, runtime_info, speculative_params_from,
 )
 from mlxkv.engine.cache_services import build_tiers
 from mlxkv.engine.local_engine import DEFAULT_MAX_QUEUE, LocalEngine
@@ -73,6 +74,7 @@ def register(sub: Any) -> None:
                         help="server log verbosity (default: info)")
     add_model_options(parser)
     add_prefill_option(parser.add_argument_group("prefill"))
+    add_speculative_options(parser, server=True)
     add_cache_options(parser)
     parser.set_defaults(run=run)
 
@@ -123,6 +125,7 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
     if not args.request_timeout > 0:
         raise ValueError(f"--request-timeout={args.request_timeout} must be > 0 seconds")
+    speculative_params_from(args)
 
 
 def build_engine(args: argparse.Namespace, binding: MlxAutoregressiveBinding) -> LocalEngine:
@@ -132,7 +135,7 @@ def build_engine(args: argparse.Namespace, binding: MlxAutoregressiveBinding) ->
     return LocalEngine(binding, tiers, ssd=cold,
                        checkpoint_every=args.generation_checkpoint, base_params=base_params_from(args),
                        max_queue=args.max_queue, max_batch=args.max_batch,
-                       max_batch_kv_bytes=args.max_batch_kv)
+                       max_batch_kv_bytes=args.max_batch_kv, draft=prepare_speculation(args, binding))
 
 
 class GracefulServer(uvicorn.Server):

@@ -19,10 +19,11 @@ from mlxkv_inference import GenerationParams, Grammar, MlxAutoregressiveBinding,
 from mlxkv_inference.engine.cached_generation import CachedGenerator
 from mlxkv_inference.engine.generate import CheckpointState, Generation, ResumePoint, TextDelta
 from mlxkv_inference.engine.scheduler import DEFAULT_MAX_BATCH, BatchScheduler
+from mlxkv_inference.engine.speculation import SpeculativeParams
 from mlxkv_inference.prompt_cache import ColdRestored, TieredPromptCache
 from mlxkv_inference.tokenizer.chat import encode_chat, template_takes_tools
 from mlxkv_serve import (
-    Delta, Event, Failed, Finished, FlushResult, GenerateRequest, PromptTooLongError, QueueFullError, TokenLogprob,
+    Delta, Event, Failed, Finished, FlushResult, GenerateRequest, PromptTooLongError, QueueFullError, Speculation, TokenLogprob,
 )
 from mlxkv_ssd_cache import KvIdentity
 from mlxkv_state.header import GenerationCheckpoint
@@ -144,6 +145,7 @@ class LocalEngine:
         max_queue: int = DEFAULT_MAX_QUEUE,
         max_batch: int = DEFAULT_MAX_BATCH,
         max_batch_kv_bytes: int = 0,
+        draft: MlxAutoregressiveBinding | None = None,
     ) -> None:
         """`ssd` is the tiers' SSD store (for its stats and for checkpoints); with
         `checkpoint_every` > 0 a generation's state is written behind every so many tokens, and an
@@ -151,7 +153,8 @@ class LocalEngine:
         not (prefill chunk, compiled decode); up to `max_batch` generations run together (each
         token what it would be alone), as long as their KV (prompt and max_tokens, at the model's
         bytes a token) fits in `max_batch_kv_bytes` (0: no limit; a request alone always runs),
-        and at most `max_queue` requests wait behind them."""
+        and at most `max_queue` requests wait behind them. `draft` is the draft model of requests
+        speculating in mode "draft" (base_params.speculative holds the server's defaults)."""
         if max_queue < 1:
             raise ValueError(f"max queue={max_queue} must be >= 1")
         if max_batch_kv_bytes < 0:
@@ -168,7 +171,7 @@ class LocalEngine:
         self._ssd = ssd
         self._checkpoint_every = checkpoint_every
         self.context_length = context_length or int(binding.config.get("max_position_embeddings") or 4096)
-        self._generator = CachedGenerator(binding, tiers)
+        self._generator = CachedGenerator(binding, tiers, draft)
         self._scheduler = BatchScheduler(binding, max_batch=max_batch, prefill_budget=base_params.prefill_chunk)
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._states: OrderedDict[str, GenerationStatus] = OrderedDict()
@@ -200,13 +203,23 @@ class LocalEngine:
         grammar = tools.grammar or (Grammar(request.constraint.kind, request.constraint.source) if request.constraint else None)
         if grammar is not None:
             compile_grammar(grammar, self.binding.tokenizer)  # a grammar that does not compile is the caller's 400
-        params = replace(self.base_params, max_tokens=request.max_tokens, sampling=sampling, stop=request.stop, grammar=grammar)
+        params = replace(self.base_params, max_tokens=request.max_tokens, sampling=sampling, stop=request.stop, grammar=grammar,
+                         speculative=self._speculation(request.speculative))
         handle = _Handle(uuid.uuid4().hex[:24], len(prompt), asyncio.get_running_loop())
         key = request_key(self._identity, "", prompt, params, request.top_logprobs)
         job = _Job(handle, prompt, history_end, params, request.top_logprobs, key, tools)
         self._remember(GenerationStatus(handle.generation_id, time.time(), len(prompt)))
         self._queue.put(job)
         return handle
+
+    def _speculation(self, asked: Speculation) -> SpeculativeParams:
+        """The request's `speculative` field over the server's defaults (a 400 when it asks for a
+        draft model the server has none of)."""
+        default = self.base_params.speculative
+        mode = asked.mode or default.mode
+        if mode == "draft" and self._generator.draft is None:
+            raise ValueError("speculative mode 'draft' needs a draft model; start the server with --draft-model or --draft-layers")
+        return replace(default, mode=mode, num_draft_tokens=asked.num_draft_tokens or default.num_draft_tokens)
 
     def queue_depth(self) -> int:
         return self._queue.qsize()
@@ -398,7 +411,8 @@ class LocalEngine:
         resumed = result.cached_tokens - cached
         self._update(job, lambda s: s.finish(result.finish_reason, result.generated_tokens, cached, result.seed))
         handle.push(Finished("tool_calls" if calls else result.finish_reason, generation.stop_string, result.prompt_tokens,
-                             result.generated_tokens, cached, result.seed, handle.generation_id, entry.first or 0.0, resumed, calls))
+                             result.generated_tokens, cached, result.seed, handle.generation_id, entry.first or 0.0, resumed, calls,
+                             result.draft_tokens, result.accepted_tokens))
 
     def _start(self, job: _Job, read: ColdRestored | None) -> Generation:
         """A generation continuing this request's checkpoint if one is durable, else a new one."""

@@ -15,11 +15,14 @@ from mlxkv_inference.prompt_cache.tiered import Fetched, TieredPromptCache
 
 
 class CachedGenerator:
-    """Runs generations for one model over a `TieredPromptCache` (or none)."""
+    """Runs generations for one model over a `TieredPromptCache` (or none); `draft` is the
+    draft model of generations speculating in mode "draft"."""
 
-    def __init__(self, binding: MlxAutoregressiveBinding, tiers: TieredPromptCache | None) -> None:
+    def __init__(self, binding: MlxAutoregressiveBinding, tiers: TieredPromptCache | None,
+                 draft: MlxAutoregressiveBinding | None = None) -> None:
         self.binding = binding
         self.tiers = tiers
+        self.draft = draft
 
     def start(
         self,
@@ -46,7 +49,7 @@ class CachedGenerator:
         """
         if resume is not None:
             return Generation(self.binding, prompt, params, caches=resume[0], resume=resume[1],
-                              checkpoint_every=checkpoint_every, on_checkpoint=on_checkpoint)
+                              checkpoint_every=checkpoint_every, on_checkpoint=on_checkpoint, draft=self.draft)
         fetched = self.tiers.fetch(prompt, ns, read) if self.tiers is not None else Fetched(None, 0, None)
         points = [len(prompt) - 1] + ([history_end] if history_end is not None else [])
         return Generation(
@@ -56,6 +59,7 @@ class CachedGenerator:
             checkpoint_every=checkpoint_every,
             on_checkpoint=on_checkpoint,
             on_prefill_progress=on_prefill_progress,
+            draft=self.draft,
         )
 
     def settle(self, generation: Generation, ns: str = "") -> None:
