@@ -23,7 +23,10 @@ from tests.test_model_loading import save_mlx_lm_directory
 CLIENTS = 20
 MAX_QUEUE = 4
 CONTEXT = 1 << 16
-HOLD_TOKENS = 32768  # the API's most; with the EOS barred the holder runs until its client leaves
+# The API's most. With the EOS barred the holder runs until its client leaves: the tiny model needs
+# tens of seconds for these, the test holds the row for well under one (and fails, never passes, if
+# the holder ends first: its status must end "cancelled").
+HOLD_TOKENS = 32768
 WAIT_S = 60.0  # generous bound for a state the server must reach; never decides a result
 MESSAGES = [{"role": "user", "content": "hello there"}]
 # The layout of the in-process ByteTokenizer's template; the /v1/chat and /v1/messages routes need one.
