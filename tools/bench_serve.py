@@ -173,6 +173,8 @@ def batching(args: argparse.Namespace) -> None:
 
 SHORT_PROMPT = "Say hello in French."
 IDLE_SAMPLES = 5
+LONG_TOKEN_BASE = 1000  # long prompts are token ids of ordinary words in the embedded vocabulary, none a special
+LONG_TOKEN_SPAN = 8000
 
 
 def long_prefill(url: str, prompt_tokens: int, rounds: int) -> tuple[list[float], list[float], list[float]]:
@@ -213,10 +215,6 @@ def shorts_during(url: str, long_body: dict[str, Any], idle_ttft: float, busy: l
             busy.append(ttft)
     thread.join()
     return long_ttft[0]
-
-
-LONG_TOKEN_BASE = 1000  # token ids of ordinary words in the embedded vocabulary, none a special
-LONG_TOKEN_SPAN = 8000
 
 
 def short_body() -> dict[str, Any]:
