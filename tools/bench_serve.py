@@ -31,6 +31,7 @@ import httpx
 
 from mlxkv_inference import GenerationParams, SamplingParams, load_binding
 from mlxkv_inference.engine.generate import Generation
+from mlxkv_inference.models.cpu_kernels import default_cpu_kernels
 from mlxkv_inference.tokenizer.chat import encode_chat
 from tests.server_process import ServerProcess
 from tools.mlx_lm_reference import MlxLmServer, write_mlx_lm_directory
@@ -249,7 +250,7 @@ def main() -> None:
     if not args.overhead:
         batching(args)
         return
-    binding = load_binding()
+    binding = load_binding(cpu_kernels=default_cpu_kernels())  # the kernels `mlxkv serve` runs by default
     local = [in_process_run(binding, p, args.max_tokens) for p in PROMPTS]
     del binding
     server = ServerProcess(Path(tempfile.mkdtemp(prefix="mlxkv-bench-serve-")) / "cache", "--no-ssd-cache", "--prompt-cache-bytes", "0")
