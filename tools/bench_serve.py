@@ -1,6 +1,12 @@
 """Continuous batching: aggregate decode tok/s and TTFT p50/p99 with 1, 2, 4 and 8 concurrent
-streaming clients, `mlxkv serve --max-batch 8` against `--max-batch 1`, in one run (no prompt
-cache, greedy, distinct prompts). Run: `uv run python -m tools.bench_serve`.
+streaming clients, in one run, on `mlxkv serve --max-batch 8`, on `--max-batch 1`, and on
+mlx_lm.server (mlx-lm's own batching) over the same weights: the embedded model written out as an
+mlx-lm directory (`tools.mlx_lm_reference`). No prompt cache on any server, greedy, distinct
+prompts; the mlxkv servers run the CLI's default CPU kernels (native where built).
+
+Then TTFT under a long prefill, on the `--max-batch 8` server: a short request's TTFT on the idle
+server against the p99 TTFT of short requests arriving while a 2,000-token prompt prefills.
+Run: `uv run python -m tools.bench_serve [--max-tokens N] [--streams 1,2,4,8] [--long-prompt 2000]`.
 
 `--overhead`: HTTP overhead instead: time to first token and decode tokens/s over `mlxkv serve`
 vs in-process, on the same greedy prompts; then 4 concurrent streaming clients.
@@ -10,40 +16,55 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from mlxkv_inference import GenerationParams, SamplingParams, load_binding
 from mlxkv_inference.engine.generate import Generation
+from mlxkv_inference.models.cpu_kernels import default_cpu_kernels
 from mlxkv_inference.tokenizer.chat import encode_chat
 from tests.server_process import ServerProcess
+from tools.mlx_lm_reference import MlxLmServer, write_mlx_lm_directory
 
 PROMPTS = ["Write a short story about a lighthouse keeper.", "Explain how a bicycle works.", "Describe a walk in the forest."]
 
 
 def http_run(url: str, prompt: str, max_tokens: int) -> tuple[float, float, int]:
     """(ttft s, decode tok/s, tokens) of one streamed chat completion."""
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0}
+    ttft, decode_s, tokens = timed_stream(url, "/v1/chat/completions", body)
+    return ttft, (tokens - 1) / decode_s if decode_s > 0 else 0.0, tokens
+
+
+def timed_stream(url: str, path: str, body: dict[str, Any]) -> tuple[float, float, int]:
+    """(seconds to the first text, seconds from the first text to the last, completion tokens) of one
+    streamed OpenAI chat or text completion."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     start = time.perf_counter()
     first = last = 0.0
     tokens = 0
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as response:
+    with httpx.stream("POST", url + path, json=body, timeout=900) as response:
+        response.raise_for_status()
         for line in response.iter_lines():
             if not line.startswith("data: {"):
                 continue
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-            elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+            elif chunk["choices"] and (chunk["choices"][0].get("text") or chunk["choices"][0].get("delta", {}).get("content")):
                 last = time.perf_counter()
                 first = first or last
-    return first - start, (tokens - 1) / (last - first), tokens
+    return first - start, last - first, tokens
 
 
 def in_process_run(binding: object, prompt: str, max_tokens: int) -> tuple[float, float, int]:
@@ -88,36 +109,148 @@ def concurrent_runs(url: str, streams: int, max_tokens: int) -> tuple[float, lis
     return decoded / (max(ends) - first_token), [r[0] for r in results]
 
 
-def batching(max_tokens: int) -> None:
-    rows: dict[int, list[tuple[float, float, float]]] = {}
-    for max_batch in (1, 8):
-        server = ServerProcess(Path(tempfile.mkdtemp(prefix="mlxkv-bench-serve-")) / "cache", "--no-ssd-cache",
-                               "--prompt-cache-bytes", "0", "--max-batch", str(max_batch))
-        try:
-            http_run(server.url, "Hi", 2)  # warm-up: compiled step
-            for streams in STREAMS:
-                tps, ttfts = concurrent_runs(server.url, streams, max_tokens)
-                ttfts.sort()
-                p99 = ttfts[min(len(ttfts) - 1, round(0.99 * (len(ttfts) - 1)))]
-                rows.setdefault(streams, []).append((tps, statistics.median(ttfts), p99))
-        finally:
-            server.stop()
-    print(f"greedy, {max_tokens} tokens a stream, no prompt cache; aggregate decode tok/s and TTFT p50/p99 (s)")
-    print(f"  {'streams':>7} | {'--max-batch 1':^30} | {'--max-batch 8':^30} | {'8 vs 1':>6}")
-    for streams, ((tps1, p50a, p99a), (tps8, p50b, p99b)) in rows.items():
-        print(f"  {streams:7d} | {tps1:8.2f} t/s {p50a:7.2f} {p99a:7.2f}     | {tps8:8.2f} t/s {p50b:7.2f} {p99b:7.2f}     "
-              f"| {tps8 / tps1:5.2f}x")
+Row = tuple[float, float, float]  # aggregate decode tok/s, TTFT p50 s, TTFT p99 s
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile (with fewer than 100 values, p99 is the largest)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def server_rows(url: str, streams: Sequence[int], max_tokens: int) -> dict[int, Row]:
+    http_run(url, "Hi", 2)  # warm-up: compiled step, first-use allocations
+    rows: dict[int, Row] = {}
+    for n in streams:
+        tps, ttfts = concurrent_runs(url, n, max_tokens)
+        rows[n] = (tps, statistics.median(ttfts), percentile(ttfts, 0.99))
+    return rows
+
+
+@contextmanager
+def mlxkv_server(max_batch: int, *extra: str) -> Iterator[ServerProcess]:
+    """`mlxkv serve` with the CLI's defaults (native CPU kernels where built), no prompt cache."""
+    server = ServerProcess(Path(tempfile.mkdtemp(prefix="mlxkv-bench-serve-")) / "cache", "--no-ssd-cache",
+                           "--prompt-cache-bytes", "0", "--max-batch", str(max_batch), *extra)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def batching(args: argparse.Namespace) -> None:
+    max_tokens, streams, long_prompt = args.max_tokens, [int(n) for n in args.streams.split(",")], args.long_prompt
+    extra = ("--prefill-step-size", str(args.prefill_step_size)) if args.prefill_step_size else ()
+    columns: dict[str, dict[int, Row]] = {}
+    with mlxkv_server(1, *extra) as server:
+        columns["--max-batch 1"] = server_rows(server.url, streams, max_tokens)
+    with mlxkv_server(8, *extra) as server:
+        health = httpx.get(server.url + "/health", timeout=30).json()
+        columns["--max-batch 8"] = server_rows(server.url, streams, max_tokens)
+        prefill = long_prefill(server.url, long_prompt, args.long_rounds) if long_prompt else None
+    if args.reference:
+        with tempfile.TemporaryDirectory(prefix="mlxkv-bench-mlx-lm-") as scratch:
+            reference_server = MlxLmServer(write_mlx_lm_directory(Path(scratch) / "SmolLM2-135M-Instruct-Q4_1"))
+            try:
+                columns["mlx_lm.server"] = server_rows(reference_server.url, streams, max_tokens)
+            finally:
+                reference_server.stop()
+    print(f"greedy, {max_tokens} tokens a stream, no prompt cache; mlxkv cpu kernels {health['cpu_kernels']}, "
+          f"BLAS {health['blas']}; aggregate decode tok/s and TTFT p50/p99 (s)")
+    print("  " + f"{'streams':>7} | " + " | ".join(f"{name:^29}" for name in columns)
+          + " | 8 vs 1" + (" | mlxkv/mlx_lm: tok/s, TTFT p50" if args.reference else ""))
+    for n in streams:
+        cells = " | ".join(f"{tps:8.2f} t/s {p50:7.2f} {p99:7.2f}  " for tps, p50, p99 in (c[n] for c in columns.values()))
+        line = f"  {n:7d} | {cells} | {columns['--max-batch 8'][n][0] / columns['--max-batch 1'][n][0]:5.2f}x"
+        if args.reference:
+            mine, theirs = columns["--max-batch 8"][n], columns["mlx_lm.server"][n]
+            line += f" | {mine[0] / theirs[0]:5.2f}x  {mine[1] / theirs[1]:5.2f}x"
+        print(line)
+    if prefill is not None:
+        print_long_prefill(long_prompt, *prefill)
+    if extra:
+        print(f"(mlxkv servers ran with --prefill-step-size {args.prefill_step_size})")
+
+
+SHORT_PROMPT = "Say hello in French."
+IDLE_SAMPLES = 5
+LONG_TOKEN_BASE = 1000  # long prompts are token ids of ordinary words in the embedded vocabulary, none a special
+LONG_TOKEN_SPAN = 8000
+
+
+def long_prefill(url: str, prompt_tokens: int, rounds: int) -> tuple[list[float], list[float], list[float]]:
+    """(TTFTs of a short request on the idle server; TTFTs of short requests sent one after another
+    while a `prompt_tokens`-token prompt prefills, over `rounds` long prompts; seconds each long
+    prompt took to its first token)."""
+    idle = [timed_stream(url, "/v1/chat/completions", short_body())[0] for _ in range(IDLE_SAMPLES)]
+    busy: list[float] = []
+    long_ttfts: list[float] = []
+    for round_ in range(rounds):
+        tokens = [LONG_TOKEN_BASE + (7 * round_ + i) % LONG_TOKEN_SPAN for i in range(prompt_tokens)]
+        long_ttfts.append(shorts_during(url, {"prompt": tokens, "max_tokens": 1, "temperature": 0}, statistics.median(idle), busy))
+    return idle, busy, long_ttfts
+
+
+def shorts_during(url: str, long_body: dict[str, Any], idle_ttft: float, busy: list[float]) -> float:
+    """Send short requests one after another while `long_body` prefills, adding to `busy` the TTFT
+    of each that arrived before the long prompt's first token; returns the long prompt's TTFT."""
+    long_first: list[float] = []  # when the long prompt's first token came
+    long_ttft: list[float] = []
+
+    def long_request() -> None:
+        begun = time.perf_counter()
+        long_ttft.append(timed_stream(url, "/v1/completions", long_body)[0])
+        long_first.append(begun + long_ttft[0])
+
+    thread = threading.Thread(target=long_request)
+    thread.start()
+    while thread.is_alive() and not re.search(r"^mlxkv_batch_size [1-9]", httpx.get(url + "/metrics").text, re.M):
+        time.sleep(0.01)  # until the long prompt is admitted: it is prefilling
+    sent = 0
+    while thread.is_alive():
+        time.sleep(idle_ttft * (sent % 4) / 4)  # arrive at varied points of a prefill chunk
+        sent += 1
+        arrival = time.perf_counter()
+        ttft = timed_stream(url, "/v1/chat/completions", short_body())[0]
+        if not long_first or arrival < long_first[0]:
+            busy.append(ttft)
+    thread.join()
+    return long_ttft[0]
+
+
+def short_body() -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": SHORT_PROMPT}], "max_tokens": 2, "temperature": 0}
+
+
+def print_long_prefill(prompt_tokens: int, idle: list[float], busy: list[float], long_ttfts: list[float]) -> None:
+    idle_ttft = statistics.median(idle)
+    print(f"TTFT of a short request ({SHORT_PROMPT!r}) on the idle --max-batch 8 server, median of {len(idle)}: "
+          f"{idle_ttft:.3f} s")
+    if not busy:
+        print(f"  no short request arrived during the {prompt_tokens}-token prefill")
+        return
+    p99 = percentile(busy, 0.99)
+    print(f"  {len(long_ttfts)} {prompt_tokens}-token prompts, TTFT median {statistics.median(long_ttfts):.2f} s; "
+          f"{len(busy)} short requests arriving during their prefill: TTFT p50 {statistics.median(busy):.3f} s, "
+          f"p99 {p99:.3f} s; p99 / idle = {p99 / idle_ttft:.2f}x (target <= 2x)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--streams", default=",".join(map(str, STREAMS)), help="concurrencies, comma-separated (default: 1,2,4,8)")
+    parser.add_argument("--no-mlx-lm", dest="reference", action="store_false", help="skip the mlx_lm.server reference row")
+    parser.add_argument("--long-prompt", type=int, default=2000, metavar="TOKENS",
+                        help="prompt length for the TTFT-under-long-prefill measurement (default: 2000; 0 skips it)")
+    parser.add_argument("--long-rounds", type=int, default=3, metavar="N", help="long prompts to send short requests under (default: 3)")
+    parser.add_argument("--prefill-step-size", type=int, default=0, metavar="N",
+                        help="the mlxkv servers' --prefill-step-size (default: the CLI's)")
     parser.add_argument("--overhead", action="store_true", help="measure HTTP overhead instead of batching")
     args = parser.parse_args()
     if not args.overhead:
-        batching(args.max_tokens)
+        batching(args)
         return
-    binding = load_binding()
+    binding = load_binding(cpu_kernels=default_cpu_kernels())  # the kernels `mlxkv serve` runs by default
     local = [in_process_run(binding, p, args.max_tokens) for p in PROMPTS]
     del binding
     server = ServerProcess(Path(tempfile.mkdtemp(prefix="mlxkv-bench-serve-")) / "cache", "--no-ssd-cache", "--prompt-cache-bytes", "0")
