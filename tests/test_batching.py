@@ -185,6 +185,26 @@ def test_a_short_prompt_gets_its_first_token_while_a_long_one_still_prefills() -
         Generation(binding, g.prompt, params).run().token_ids for g in (long, short))
 
 
+def test_chunks_cut_to_the_step_budget_keep_every_token_where_the_forward_is_chunk_invariant() -> None:
+    """With chunks of 64 and a budget of 5 tokens a step, the scheduler cuts prompts at points
+    no lone run has; the tokens stay those of running alone (the model's forward is probed
+    chunk-invariant), and the shortest prompt completes first."""
+    binding = tiny("llama", False)
+    params = GenerationParams(max_tokens=6, prefill_chunk=64, ignore_eos=True)
+    prompts = [make_prompt(41, seed=1), make_prompt(23, seed=2), make_prompt(4, seed=3)]
+    generations = [Generation(binding, p, params) for p in prompts]
+    scheduler = BatchScheduler(binding, max_batch=3, prefill_budget=5)
+    assert binding.verifies_positions()
+    for generation in generations:
+        scheduler.add(generation)
+    scheduler.step()
+    assert [g.prefilling for g in generations] == [True, True, False]
+    while scheduler.running:
+        scheduler.step()
+    assert [g.result.token_ids for g in generations if g.result is not None] == [
+        Generation(binding, p, params).run().token_ids for p in prompts]
+
+
 def test_grammar_constrained_rows_batch_with_free_ones_and_match_their_tokens_alone() -> None:
     binding = tiny("llama", True, True)
     pattern = r"[a-z]{3}-[0-9]{2,4}"

@@ -43,8 +43,8 @@ def test_serve_flags_reach_the_engine() -> None:
 
 def test_serve_defaults_compile_the_decode_step() -> None:
     binding, traces, params, max_queue = serve_once()
-    assert (params.compiled_decode, params.prefill_chunk, max_queue) == (True, 512, 16)
-    assert set(binding.chunks) == {512} and traces == 1
+    assert (params.compiled_decode, params.prefill_chunk, max_queue) == (True, 64, 16)
+    assert set(binding.chunks) == {64} and traces == 1
 
 
 @pytest.mark.parametrize(("flags", "message"), [

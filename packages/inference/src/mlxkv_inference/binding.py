@@ -132,7 +132,7 @@ class MlxAutoregressiveBinding:
         caches = self.make_cache()
         drawn = mx.random.randint(0, self.tokenizer.vocab_size, (3 + PROBED_POSITIONS,), key=mx.random.key(7))
         tokens = [int(t) for t in drawn]
-        self.prefill(tokens[:3], caches)
+        self._forward(mx.array(tokens[:3])[None], caches)
         length = round_fits(caches, PROBED_POSITIONS, self.kv_scheme)
         if length < 2:
             return True  # no round could verify more than one position here (round_fits limits every round)

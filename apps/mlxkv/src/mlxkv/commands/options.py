@@ -67,13 +67,13 @@ def add_sampling_options(parser: argparse.ArgumentParser, *, default_max_tokens:
     add_prefill_option(group)
 
 
-def add_prefill_option(group: argparse._ArgumentGroup) -> None:
+def add_prefill_option(group: argparse._ArgumentGroup, default: int = DEFAULT_PREFILL_CHUNK, why: str = "") -> None:
     group.add_argument(
         "--prefill-step-size",
         type=int,
-        default=DEFAULT_PREFILL_CHUNK,
+        default=default,
         metavar="N",
-        help=f"prompt tokens per prefill chunk (default: {DEFAULT_PREFILL_CHUNK})",
+        help=f"prompt tokens per prefill chunk{why} (default: {default})",
     )
 
 

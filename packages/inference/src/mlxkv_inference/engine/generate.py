@@ -223,6 +223,11 @@ class Generation:
         return not self.done and not self.prefilling and not (self._resume is not None and self._emitted == 0)
 
     @property
+    def prefill_left(self) -> int:
+        """Prompt tokens still to prefill."""
+        return self._run.prefill_left if not self.done else 0
+
+    @property
     def prefill_chunk(self) -> int:
         return self._params.prefill_chunk
 

@@ -1,15 +1,17 @@
 """Continuous batching: many generations share each step, each token what it would be alone.
 
-    step:  prefill  one chunk of the oldest prefilling generations, within the token budget
+    step:  prefill  the prefilling generations with the least prompt left first, within the
+                    step's token budget
            decode   one token for every generation past its prefill, as one batched step:
                     stacked rows through every linear, attention per row against its own caches;
                     a generation speculating this step brings its drafts as more rows (its own
                     draft length), and what it accepts changes no other row
 
-A generation's prefill chunks keep the boundaries it has when run alone (a chunk is never split
-to fit the budget), and its batched decode rows are bitwise its lone rows when the model's matmul
-kernels are row-invariant (checked once per model; see `models.batched`). Otherwise each row runs
-its own graph inside the same step: slower, still exact.
+Where the model's forward is chunk-invariant (`verifies_positions`: L positions in one forward are
+bitwise L single steps), a chunk is cut to the budget left; otherwise a generation's chunks keep
+the boundaries it has when run alone. Its batched decode rows are bitwise its lone rows when the
+model's matmul kernels are row-invariant (checked once per model; see `models.batched`). Otherwise
+each row runs its own graph inside the same step: slower, still exact.
 """
 
 from __future__ import annotations
@@ -97,19 +99,26 @@ class BatchScheduler:
         return result
 
     def _prefill(self, outcomes: dict[int, StepOutcome]) -> None:
-        """Chunks for the prefilling generations, the one served longest ago first, so a short
-        prompt arriving behind a long one is not held until the long one has prefilled."""
+        """Prefill the generations with the least prompt left first (ties: the one served
+        longest ago), so a short prompt arriving behind a long one gets its first token in the
+        next step. Once a prompt is complete, the step runs only prompts that complete within
+        the budget left: the others wait a step rather than delay the new first token."""
         budget = self.prefill_budget
         waiting = [g for g in self.running if id(g) not in outcomes and g.prefilling]
-        for generation in sorted(waiting, key=lambda g: self._prefilled_at.get(id(g), -1)):
-            if budget <= 0:
+        splittable = bool(waiting) and self.binding.verifies_positions()
+        completed = False
+        for generation in sorted(waiting, key=lambda g: (g.prefill_left, self._prefilled_at.get(id(g), -1))):
+            take = min(generation.prefill_chunk, budget) if splittable else generation.prefill_chunk
+            if budget <= 0 or (completed and generation.prefill_left > budget):
                 break
             self._steps += 1
             self._prefilled_at[id(generation)] = self._steps
-            try:  # one whole chunk: the chunk boundaries stay those of the generation alone
-                budget -= generation.prefill(generation.prefill_chunk)
+            try:
+                budget -= generation.prefill(take)
             except Exception as e:  # noqa: BLE001 - one failed generation must not stop the others
                 outcomes[id(generation)] = StepOutcome(generation, (), False, e)
+                continue
+            completed = completed or not generation.prefilling
 
     def _decode(self, ready: Sequence[Generation], outcomes: dict[int, StepOutcome]) -> None:
         stepping = [g for g in ready if g.needs_step]

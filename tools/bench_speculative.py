@@ -1,0 +1,161 @@
+"""Decode tok/s without speculation, with prompt lookup and with a draft model, in one run, on an
+edit workload and a chat workload (targets: >= 2x on edits with prompt lookup, >= 0.95x on chat).
+
+    edit   the prompt holds a ~600-token Python file and asks for it back with a few changes; the
+           answer re-emits most of it, which is where prompt-lookup drafts pay
+    chat   plain questions, answered in prose (few n-grams to reuse: the adaptive draft length
+           should switch speculation off rather than lose time)
+
+The draft model is the embedded model's own first `--draft-layers` layers (self-speculation, as in
+LayerSkip: no smaller model with SmolLM2's tokenizer ships here). Every mode must produce the very
+tokens of the plain run (checked: a mismatch exits 1). Decode tok/s is the generation's own (first
+token to last); each (workload, mode) runs `--repeats` times, alternating, and medians are compared.
+Run: `uv run python -m tools.bench_speculative` (add `--cpu-kernels mlx` for MLX's own kernels).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, load_binding  # first: the BLAS shim precedes mlx
+
+from mlxkv_inference.engine.generate import GenerationResult  # noqa: E402, I001
+from mlxkv_inference.engine.speculation import SpeculativeParams
+from mlxkv_inference.models.draft import layer_skip_draft
+from mlxkv_inference.tokenizer.chat import encode_chat
+
+CODE_FILE = '''\
+"""A small inventory service: items, stock levels and reorder rules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Item:
+    sku: str
+    name: str
+    price: float
+    quantity: int = 0
+    tags: list[str] = field(default_factory=list)
+
+    def total_value(self) -> float:
+        return self.price * self.quantity
+
+
+class Inventory:
+    def __init__(self) -> None:
+        self.items: dict[str, Item] = {}
+
+    def add_item(self, item: Item) -> None:
+        if item.sku in self.items:
+            raise ValueError(f"item {item.sku} already exists")
+        self.items[item.sku] = item
+
+    def remove_item(self, sku: str) -> Item:
+        if sku not in self.items:
+            raise KeyError(f"no item {sku}")
+        return self.items.pop(sku)
+
+    def restock(self, sku: str, amount: int) -> None:
+        if amount <= 0:
+            raise ValueError("amount must be positive")
+        self.items[sku].quantity += amount
+
+    def sell(self, sku: str, amount: int) -> float:
+        item = self.items[sku]
+        if amount > item.quantity:
+            raise ValueError(f"only {item.quantity} of {sku} left")
+        item.quantity -= amount
+        return item.price * amount
+
+    def total_value(self) -> float:
+        return sum(item.total_value() for item in self.items.values())
+
+    def low_stock(self, threshold: int = 5) -> list[Item]:
+        return [item for item in self.items.values() if item.quantity < threshold]
+
+    def by_tag(self, tag: str) -> list[Item]:
+        return [item for item in self.items.values() if tag in item.tags]
+
+
+def reorder_list(inventory: Inventory, threshold: int = 5, target: int = 20) -> dict[str, int]:
+    """How many of each low item to order to bring it back to `target`."""
+    return {item.sku: target - item.quantity for item in inventory.low_stock(threshold)}
+'''
+
+EDIT_REQUESTS = [
+    "Rewrite this file with the method `sell` renamed to `sell_units`. Output the whole file.",
+    "Rewrite this file with the class `Inventory` renamed to `Warehouse`. Output the whole file.",
+]
+CHAT_REQUESTS = [
+    "Explain how photosynthesis works to a ten year old.",
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="decode tok/s with and without speculative decoding (edit and chat workloads)")
+    parser.add_argument("--max-tokens", type=int, default=256, help="tokens to generate per answer (default: 256)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each (workload, mode); medians are compared (default: 2)")
+    parser.add_argument("--num-draft-tokens", type=int, default=8, help="the most drafts a step verifies (default: 8)")
+    parser.add_argument("--draft-layers", type=int, default=4, help="layers of the self-speculation draft (default: 4)")
+    parser.add_argument("--cpu-kernels", choices=("native", "mlx"), default="native", help="matmul kernels (default: native)")
+    args = parser.parse_args()
+    binding = load_binding(cpu_kernels=args.cpu_kernels)
+    draft = layer_skip_draft(binding, args.draft_layers)
+    binding.verifies_positions()  # the start-up probe, outside the timed runs
+    modes = {
+        "off": SpeculativeParams(),
+        "prompt_lookup": SpeculativeParams(mode="prompt_lookup", num_draft_tokens=args.num_draft_tokens),
+        f"draft({args.draft_layers} layers)": SpeculativeParams(mode="draft", num_draft_tokens=args.num_draft_tokens),
+    }
+    workloads = {
+        "edit": [f"```python\n{CODE_FILE}```\n\n{request}" for request in EDIT_REQUESTS],
+        "chat": CHAT_REQUESTS,
+    }
+    print(f"embedded model, {args.cpu_kernels} kernels, up to {args.max_tokens} tokens an answer, "
+          f"{args.repeats} repeats, up to {args.num_draft_tokens} drafts a step")
+    exact = True
+    for workload, requests in workloads.items():
+        prompts = [encode_chat(binding.tokenizer, [{"role": "user", "content": r}]).tokens for r in requests]
+        print(f"\n{workload}: prompts of {', '.join(str(len(p)) for p in prompts)} tokens")
+        tps: dict[str, list[float]] = {mode: [] for mode in modes}
+        drafted: dict[str, int] = {mode: 0 for mode in modes}
+        accepted: dict[str, int] = {mode: 0 for mode in modes}
+        tokens: dict[str, int] = {mode: 0 for mode in modes}
+        for _ in range(args.repeats):
+            for prompt in prompts:
+                reference: tuple[int, ...] | None = None
+                for mode, spec in modes.items():
+                    result = _run(binding, draft, prompt, spec, args.max_tokens)
+                    if reference is None:
+                        reference = result.token_ids
+                    elif result.token_ids != reference:
+                        print(f"  MISMATCH: {mode} produced other tokens than the plain run", file=sys.stderr)
+                        exact = False
+                    tps[mode].append(result.decode_tps)
+                    drafted[mode] += result.draft_tokens
+                    accepted[mode] += result.accepted_tokens
+                    tokens[mode] += result.generated_tokens
+        base = statistics.median(tps["off"])
+        for mode in modes:
+            rate = f"{accepted[mode] / drafted[mode]:.0%} of {drafted[mode]} drafts" if drafted[mode] else "no drafts"
+            median = statistics.median(tps[mode])
+            print(f"  {mode:>20}: {median:6.2f} tok/s  {median / base:5.2f}x  (accepted {rate}; {tokens[mode]} tokens; "
+                  f"runs {[round(x, 1) for x in tps[mode]]})")
+    print("\nevery mode produced the plain run's tokens" if exact else "\nSPECULATION CHANGED TOKENS")
+    return 0 if exact else 1
+
+
+def _run(binding: MlxAutoregressiveBinding, draft: MlxAutoregressiveBinding, prompt: list[int], spec: SpeculativeParams,
+         max_tokens: int) -> GenerationResult:
+    params = GenerationParams(max_tokens=max_tokens, speculative=spec)
+    return Generation(binding, prompt, params, draft=draft).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
