@@ -1,5 +1,6 @@
 """Acceptance: `mlxkv serve` killed with SIGKILL mid-generation; after a restart the identical
-request continues from its checkpoint and ends with exactly the uninterrupted run's text."""
+request continues from its checkpoint and ends with exactly the uninterrupted run's text. The
+server speculates (prompt lookup); the uninterrupted reference does not."""
 
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def uninterrupted(binding: MlxAutoregressiveBinding, sampling: SamplingParams) -
 )
 def test_sigkill_then_identical_retry_continues_exactly(sampling: dict[str, Any], embedded_native: MlxAutoregressiveBinding, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    body = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, **sampling}
+    body = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "speculative": {"mode": "prompt_lookup", "num_draft_tokens": 4}, **sampling}
     first = ServerProcess(cache, "--generation-checkpoint", str(CHECKPOINT_EVERY))
     try:
         assert stream_until_killed(first, body) == KILL_AFTER
