@@ -205,6 +205,25 @@ def test_chunks_cut_to_the_step_budget_keep_every_token_where_the_forward_is_chu
         Generation(binding, p, params).run().token_ids for p in prompts]
 
 
+def test_a_time_bounded_prefill_step_cuts_chunks_from_the_last_chunks_speed() -> None:
+    """A step bound far below any real chunk: the first chunk (no speed known yet) is whole, the
+    next ones the fewest tokens a timed step feeds; the tokens stay those of running alone."""
+    binding = tiny("llama", False)
+    params = GenerationParams(max_tokens=3, prefill_chunk=64, ignore_eos=True)
+    generation = Generation(binding, make_prompt(100, seed=4), params)
+    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64, prefill_step_s=1e-9)
+    scheduler.add(generation)
+    left = []
+    while generation.prefilling:
+        scheduler.step()
+        left.append(generation.prefill_left)
+    assert left == [35, 27, 19, 11, 3, 0]
+    while scheduler.running:
+        scheduler.step()
+    assert generation.result is not None
+    assert generation.result.token_ids == Generation(binding, make_prompt(100, seed=4), params).run().token_ids
+
+
 def test_grammar_constrained_rows_batch_with_free_ones_and_match_their_tokens_alone() -> None:
     binding = tiny("llama", True, True)
     pattern = r"[a-z]{3}-[0-9]{2,4}"

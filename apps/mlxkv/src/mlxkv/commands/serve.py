@@ -31,9 +31,12 @@ log = logging.getLogger("mlxkv.serve")
 SHUTDOWN_TIMEOUT_S = 30.0
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 DEFAULT_MAX_CONNECTIONS = 64
-# Small chunks bound how long a new request waits behind a long prefill (one chunk, ~0.3 s
-# here); on this CPU, 64-token chunks prefill about as fast as 512-token ones.
+# Small chunks bound how long a new request waits behind a long prefill: one chunk, which costs
+# more as the prompt's context grows (64 tokens: ~0.3 s at the start of a prompt, ~1 s at 2,000
+# tokens, here), hence also the time bound. On this CPU, 24- to 64-token chunks prefill about as
+# fast as 512-token ones.
 SERVE_PREFILL_CHUNK = 64
+SERVE_PREFILL_STEP_MS = 200.0
 
 
 def register(sub: Any) -> None:
@@ -76,9 +79,12 @@ def register(sub: Any) -> None:
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="server log verbosity (default: info)")
     add_model_options(parser)
-    add_prefill_option(parser.add_argument_group("prefill"), SERVE_PREFILL_CHUNK,
-                       "; with other requests running, also the most prompt tokens one step prefills: a request "
-                       "arriving during a long prefill waits for at most one such chunk")
+    prefill = parser.add_argument_group("prefill")
+    add_prefill_option(prefill, SERVE_PREFILL_CHUNK, "; also the most prompt tokens one scheduler step prefills")
+    prefill.add_argument("--prefill-step-ms", type=float, default=SERVE_PREFILL_STEP_MS, metavar="MS",
+                         help="size prompt chunks so a step's prefill takes about MS milliseconds (a request arriving "
+                         "during a long prefill waits about that long; the tokens do not change); 0 turns it off "
+                         f"(default: {SERVE_PREFILL_STEP_MS:g})")
     add_speculative_options(parser, server=True)
     add_cache_options(parser)
     parser.set_defaults(run=run)
@@ -128,6 +134,8 @@ def check_args(args: argparse.Namespace) -> None:
     for name in ("max_queue", "max_batch", "max_connections", "prefill_step_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
+    if not args.prefill_step_ms >= 0:
+        raise ValueError(f"--prefill-step-ms={args.prefill_step_ms} must be >= 0 (0 turns it off)")
     if not args.request_timeout > 0:
         raise ValueError(f"--request-timeout={args.request_timeout} must be > 0 seconds")
     speculative_params_from(args)
@@ -141,7 +149,8 @@ def build_engine(args: argparse.Namespace, binding: MlxAutoregressiveBinding) ->
     return LocalEngine(binding, tiers, ssd=cold,
                        checkpoint_every=args.generation_checkpoint, base_params=base_params_from(args),
                        max_queue=args.max_queue, max_batch=args.max_batch,
-                       max_batch_kv_bytes=args.max_batch_kv, draft=prepare_speculation(args, binding))
+                       max_batch_kv_bytes=args.max_batch_kv, draft=prepare_speculation(args, binding),
+                       prefill_step_s=args.prefill_step_ms / 1000)
 
 
 class GracefulServer(uvicorn.Server):

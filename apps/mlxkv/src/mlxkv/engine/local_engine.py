@@ -146,6 +146,7 @@ class LocalEngine:
         max_batch: int = DEFAULT_MAX_BATCH,
         max_batch_kv_bytes: int = 0,
         draft: MlxAutoregressiveBinding | None = None,
+        prefill_step_s: float = 0.0,
     ) -> None:
         """`ssd` is the tiers' SSD store (for its stats and for checkpoints); with
         `checkpoint_every` > 0 a generation's state is written behind every so many tokens, and an
@@ -154,7 +155,8 @@ class LocalEngine:
         token what it would be alone), as long as their KV (prompt and max_tokens, at the model's
         bytes a token) fits in `max_batch_kv_bytes` (0: no limit; a request alone always runs),
         and at most `max_queue` requests wait behind them. `draft` is the draft model of requests
-        speculating in mode "draft" (base_params.speculative holds the server's defaults)."""
+        speculating in mode "draft" (base_params.speculative holds the server's defaults).
+        `prefill_step_s` bounds a step's prefill time (see `BatchScheduler`)."""
         if max_queue < 1:
             raise ValueError(f"max queue={max_queue} must be >= 1")
         if max_batch_kv_bytes < 0:
@@ -172,7 +174,8 @@ class LocalEngine:
         self._checkpoint_every = checkpoint_every
         self.context_length = context_length or int(binding.config.get("max_position_embeddings") or 4096)
         self._generator = CachedGenerator(binding, tiers, draft)
-        self._scheduler = BatchScheduler(binding, max_batch=max_batch, prefill_budget=base_params.prefill_chunk)
+        self._scheduler = BatchScheduler(binding, max_batch=max_batch, prefill_budget=base_params.prefill_chunk,
+                                         prefill_step_s=prefill_step_s)
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._states: OrderedDict[str, GenerationStatus] = OrderedDict()
         self._lock = threading.Lock()

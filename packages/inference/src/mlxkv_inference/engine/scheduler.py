@@ -27,6 +27,7 @@ from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBind
 from mlxkv_inference.engine.generate import Generation, TextDelta
 
 DEFAULT_MAX_BATCH = 8
+MIN_TIMED_CHUNK = 8  # the fewest prompt tokens a time-bounded prefill step feeds
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +47,18 @@ class BatchScheduler:
     """Steps up to `max_batch` generations together on the thread that owns MLX."""
 
     def __init__(self, binding: MlxAutoregressiveBinding, *, max_batch: int = DEFAULT_MAX_BATCH,
-                 prefill_budget: int = DEFAULT_PREFILL_CHUNK) -> None:
+                 prefill_budget: int = DEFAULT_PREFILL_CHUNK, prefill_step_s: float = 0.0) -> None:
+        """`prefill_step_s` > 0: where chunks may be cut, a prompt's chunk is sized from its last
+        one's seconds a token so a step's prefill takes about that long (a prompt's tokens cost
+        more as its context grows); a request arriving meanwhile waits for at most that."""
         if max_batch < 1:
             raise ValueError(f"max batch={max_batch} must be >= 1")
         if prefill_budget < 1:
             raise ValueError(f"prefill budget={prefill_budget} must be >= 1 token a step")
+        if prefill_step_s < 0:
+            raise ValueError(f"prefill step time={prefill_step_s} must be >= 0 seconds (0: no time bound)")
+        self.prefill_step_s = prefill_step_s
+        self._token_seconds: dict[int, float] = {}  # generation -> seconds a token of its last chunk
         self.binding = binding
         self.max_batch = max_batch
         self.prefill_budget = prefill_budget
@@ -95,6 +103,7 @@ class BatchScheduler:
             if outcome.finished or outcome.error is not None:
                 self.running.remove(generation)
                 self._prefilled_at.pop(id(generation), None)
+                self._token_seconds.pop(id(generation), None)
             result.append(outcome)
         return result
 
@@ -111,13 +120,20 @@ class BatchScheduler:
             take = min(generation.prefill_chunk, budget) if splittable else generation.prefill_chunk
             if budget <= 0 or (completed and generation.prefill_left > budget):
                 break
+            seconds = self._token_seconds.get(id(generation))
+            if splittable and self.prefill_step_s > 0 and seconds:
+                take = min(take, max(MIN_TIMED_CHUNK, int(self.prefill_step_s / seconds)))
             self._steps += 1
             self._prefilled_at[id(generation)] = self._steps
+            started = time.perf_counter()
             try:
-                budget -= generation.prefill(take)
+                fed = generation.prefill(take)
             except Exception as e:  # noqa: BLE001 - one failed generation must not stop the others
                 outcomes[id(generation)] = StepOutcome(generation, (), False, e)
                 continue
+            budget -= fed
+            if fed:
+                self._token_seconds[id(generation)] = (time.perf_counter() - started) / fed
             completed = completed or not generation.prefilling
 
     def _decode(self, ready: Sequence[Generation], outcomes: dict[int, StepOutcome]) -> None:
