@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 import socket
 import time
 from pathlib import Path
@@ -16,6 +17,9 @@ def test_sigterm_finishes_in_flight_work_flushes_the_cache_and_exits(tmp_path: P
     cache = tmp_path / "cache"
     server = ServerProcess(cache)
     try:
+        health = httpx.get(server.url + "/health").json()
+        if sys.platform == "linux":  # the CLI's defaults: the native kernels and the fixed-order sgemm shim
+            assert health["cpu_kernels"].startswith("native (") and health["blas"].startswith("mlxkv-sgemm")
         body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 12}
         assert httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120).status_code == 200
         with httpx.stream("POST", server.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=120) as response:
