@@ -191,3 +191,34 @@ def test_adaptive_length_turns_speculation_off_where_drafts_miss_and_back_on() -
         speculator.drafts(history, 6)
         speculator.observe([], [3])
     assert speculator.drafts(history, 6) != []
+
+
+def native_tiny() -> MlxAutoregressiveBinding:
+    """The server's path on a tiny model: 4-bit weights through mlxkv's native kernel."""
+    import mlx.nn as nn
+
+    from mlxkv_inference.models.cpu_kernels import use_native_kernels
+
+    binding = make_tiny_binding("llama", seed=4)
+    nn.quantize(binding.model, group_size=32, bits=4)
+    use_native_kernels(binding.model)
+    return binding
+
+
+@pytest.mark.parametrize("case", ["penalties", "regex"])
+def test_speculation_keeps_penalties_and_grammars_exact_on_the_native_kernel(case: str) -> None:
+    from dataclasses import replace
+
+    from mlxkv_inference import Grammar
+
+    binding = native_tiny()
+    sampling = SamplingParams(temperature=0.8, seed=9, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.4)
+    params = GenerationParams(max_tokens=40, sampling=sampling, ignore_eos=case != "regex")
+    if case == "regex":
+        params = replace(params, grammar=Grammar("regex", r"([a-c]{2}-[0-9]{2} ){6}"))
+    prompt = repetitive_prompt(30)
+    plain = Generation(binding, prompt, params).run()
+    fast = Generation(binding, prompt, replace(params, speculative=SpeculativeParams(
+        mode="prompt_lookup", num_draft_tokens=4, adaptive=False))).run()
+    assert fast.token_ids == plain.token_ids
+    assert fast.draft_tokens > 0
