@@ -140,7 +140,8 @@ class BatchScheduler:
         stepping = [g for g in ready if g.needs_step]
         for generation in (g for g in ready if not g.needs_step):  # a resumed generation's pending token
             outcomes[id(generation)] = StepOutcome(generation, tuple(generation.accept(None)), False)
-        inputs = [g.step_input() for g in stepping]
+        shared = len(stepping) > 1 and self.binding.can_decode_batch([g.caches for g in stepping])
+        inputs = [g.step_input(len(stepping) if shared else 1) for g in stepping]
         rows = sum(int(t.size) for t in inputs)
         if len(stepping) > 1 and self.binding.can_decode_batch([g.caches for g in stepping], rows):
             self._decode_batched(stepping, inputs, outcomes)

@@ -112,8 +112,8 @@ class Round:
 
 
 class StepCosts:
-    """Seconds per forward of `rows` positions (decayed averages), shared by a binding's
-    generations; `relative(rows)` is a forward's cost in single steps."""
+    """Seconds per forward (alone or batched) of `rows` positions in all (decayed averages),
+    shared by a binding's generations."""
 
     def __init__(self) -> None:
         self._seconds: dict[int, float] = {}
@@ -124,11 +124,12 @@ class StepCosts:
             previous = self._seconds.get(rows)
             self._seconds[rows] = seconds if previous is None else 0.8 * previous + 0.2 * seconds
 
-    def relative(self, rows: int) -> float:
-        with self._lock:
-            one, many = self._seconds.get(1), self._seconds.get(rows)
-        if rows == 1:
+    def relative(self, rows: int, base: int = 1) -> float:
+        """What a forward of `rows` positions costs against one of `base` positions."""
+        if rows <= base:
             return 1.0
-        if one is None or many is None or one <= 0:
-            return 1.0 + PRIOR_POSITION_COST * (rows - 1)
-        return max(many / one, 1.0)
+        with self._lock:
+            few, many = self._seconds.get(base), self._seconds.get(rows)
+        if few is None or many is None or few <= 0:
+            return 1.0 + PRIOR_POSITION_COST * (rows - base) / base
+        return max(many / few, 1.0)

@@ -2,8 +2,8 @@
 
 The draft length maximises expected tokens per unit of step time: with a per-draft acceptance
 rate a (decayed counts of this sequence's rounds), k drafts yield (1 - a^(k+1)) / (1 - a) tokens
-for the cost of a (k+1)-position forward relative to a single step (`StepCosts`, measured on the
-running machine). Where no k beats a plain step, the round is a plain step: speculation off where
+for the cost of k more rows in the step's forward (`StepCosts`, measured on the running machine:
+one more row costs a lone sequence more than it costs a step already running eight). Where no k beats a plain step, the round is a plain step: speculation off where
 it loses. Prompt lookup drafts cost nothing, so while off it still checks its guesses against the
 tokens produced and turns itself back on when they start matching; a draft model is retried
 with one draft every `RETRY_EVERY` steps.
@@ -39,12 +39,13 @@ class Speculator:
     def acceptance(self) -> float:
         return self._hits / (self._hits + self._misses)
 
-    def drafts(self, history: Sequence[int], limit: int) -> list[int]:
-        """The drafts the next step verifies (empty: a plain step); at most `limit`."""
+    def drafts(self, history: Sequence[int], limit: int, batch: int = 1) -> list[int]:
+        """The drafts the next step verifies (empty: a plain step); at most `limit`. `batch`:
+        the sequences sharing the step (their rows make each draft row relatively cheaper)."""
         self._shadow = []
         if limit < 1:
             return []
-        k = self._length(limit)
+        k = self._length(limit, max(batch, 1))
         if k == 0:
             self._idle_steps += 1
             if self._free:
@@ -74,14 +75,14 @@ class Speculator:
             self.drafted += len(drafts)
             self.accepted += min(accepted, len(produced) - 1)
 
-    def _length(self, limit: int) -> int:
+    def _length(self, limit: int, batch: int) -> int:
         if not self.params.adaptive:
             return limit
         rate = min(self.acceptance, 0.999)
         best_k, best = 0, 1.0
         for k in range(1, limit + 1):
             expected = (1 - rate ** (k + 1)) / (1 - rate)
-            gain = expected / self._costs.relative(k + 1)
+            gain = expected / self._costs.relative(batch + k, batch)
             if gain > best * GAIN_MARGIN:
                 best_k, best = k, gain
         return best_k
