@@ -124,6 +124,10 @@ class StepCosts:
             previous = self._seconds.get(rows)
             self._seconds[rows] = seconds if previous is None else 0.8 * previous + 0.2 * seconds
 
+    def seconds(self, rows: int) -> float | None:
+        with self._lock:
+            return self._seconds.get(rows)
+
     def relative(self, rows: int, base: int = 1) -> float:
         """What a forward of `rows` positions costs against one of `base` positions."""
         if rows <= base:

@@ -3,14 +3,16 @@
 The draft length maximises expected tokens per unit of step time: with a per-draft acceptance
 rate a (decayed counts of this sequence's rounds), k drafts yield (1 - a^(k+1)) / (1 - a) tokens
 for the cost of k more rows in the step's forward (`StepCosts`, measured on the running machine:
-one more row costs a lone sequence more than it costs a step already running eight). Where no k beats a plain step, the round is a plain step: speculation off where
-it loses. Prompt lookup drafts cost nothing, so while off it still checks its guesses against the
+one more row costs a lone sequence more than it costs a step already running eight), plus, for a
+draft model, the measured time of drafting k tokens. Where no k beats a plain step, the round is
+a plain step: speculation off where it loses. Prompt lookup drafts cost nothing, so while off it still checks its guesses against the
 tokens produced and turns itself back on when they start matching; a draft model is retried
 with one draft every `RETRY_EVERY` steps.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from mlxkv_inference.engine.proposers import Proposer, PromptLookup
@@ -31,6 +33,7 @@ class Speculator:
         self._misses = 1.0  # decayed rejected drafts
         self._shadow: list[int] = []
         self._idle_steps = 0
+        self._draft_seconds = 0.0  # a draft model's seconds a drafted token (0 until measured)
         self.drafted = 0  # drafts verified
         self.accepted = 0  # drafts accepted
         self.rounds = 0  # steps that verified at least one draft
@@ -55,7 +58,12 @@ class Speculator:
                 return []
             k = 1
         self._idle_steps = 0
-        return self._proposer.propose(history, k)
+        started = time.perf_counter()
+        drafts = self._proposer.propose(history, k)
+        if drafts and not self._free:
+            seconds = (time.perf_counter() - started) / len(drafts)
+            self._draft_seconds = seconds if not self._draft_seconds else 0.8 * self._draft_seconds + 0.2 * seconds
+        return drafts
 
     def observe(self, drafts: Sequence[int], produced: Sequence[int]) -> None:
         """Tokens a step produced (sampled by the target) after verifying `drafts`."""
@@ -79,10 +87,12 @@ class Speculator:
         if not self.params.adaptive:
             return limit
         rate = min(self.acceptance, 0.999)
+        step = self._costs.seconds(batch)
+        drafting = self._draft_seconds / step if step else 0.0  # a drafted token, in steps
         best_k, best = 0, 1.0
         for k in range(1, limit + 1):
             expected = (1 - rate ** (k + 1)) / (1 - rate)
-            gain = expected / self._costs.relative(batch + k, batch)
+            gain = expected / (self._costs.relative(batch + k, batch) + k * drafting)
             if gain > best * GAIN_MARGIN:
                 best_k, best = k, gain
         return best_k
