@@ -107,8 +107,11 @@ def test_thread_count_does_not_change_a_bit() -> None:
 @pytest.mark.usefixtures("restore_threads_and_isa")
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("m", [1, 11])
-def test_every_instruction_set_gives_the_same_bits(bits: int, m: int) -> None:
-    w, scales, biases = quantized(70, 384, 128, bits, mx.float16, seed=9)
+@pytest.mark.parametrize("group_size", [32, 128])
+@pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16])
+def test_every_instruction_set_gives_the_same_bits(bits: int, m: int, group_size: int, scale_dtype: mx.Dtype) -> None:
+    # 70 columns: whole blocks of 4 and a tail; m == 1 takes the GEMV paths (AVX-512 4-bit: a table).
+    w, scales, biases = quantized(70, 384, group_size, bits, scale_dtype, seed=9)
     x = rows(m, 384, seed=10)
     outputs = {}
     for isa in ("avx512", "avx2", "generic"):
@@ -116,7 +119,7 @@ def test_every_instruction_set_gives_the_same_bits(bits: int, m: int) -> None:
             ops.set_isa(isa)
         except ValueError:
             continue  # this CPU lacks it
-        outputs[isa] = as_numpy(ops.quantized_matmul(x, w, scales, biases, 128, bits))
+        outputs[isa] = as_numpy(ops.quantized_matmul(x, w, scales, biases, group_size, bits))
     assert "generic" in outputs and len(outputs) >= 2
     first = next(iter(outputs.values()))
     assert all(np.array_equal(first, other) for other in outputs.values())

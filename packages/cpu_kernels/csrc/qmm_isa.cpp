@@ -46,14 +46,28 @@ struct V16 {
 constexpr int kRows = 1;
 #endif
 
-// The fixed reduction tree shared by all instruction sets (plain scalar adds).
+// The fixed reduction tree shared by all instruction sets: l[i] + l[i + 8], then + 4, + 2, + 1.
+// The SIMD paths add the same pairs in registers (halves of the vector), the portable one in scalars.
 inline float reduce16(const V16& acc) {
+#if QMM_ISA >= 2
+#if QMM_ISA == 3
+  const __m256 lo = _mm512_castps512_ps256(acc.v);
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc.v), 1));
+#else
+  const __m256 lo = acc.lo, hi = acc.hi;
+#endif
+  const __m256 h8 = _mm256_add_ps(lo, hi);
+  const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+  const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+  return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+#else
   float l[16];
   acc.store(l);
   for (int i = 0; i < 8; ++i) l[i] = l[i] + l[i + 8];
   for (int i = 0; i < 4; ++i) l[i] = l[i] + l[i + 4];
   for (int i = 0; i < 2; ++i) l[i] = l[i] + l[i + 2];
   return l[0] + l[1];
+#endif
 }
 
 inline float half_to_float(uint16_t h) {
@@ -179,6 +193,13 @@ void micro_cols(const QmmArgs& a, int64_t m, int64_t n, int cols, const float* p
   }
 }
 
+// GEMV streams each weight once from memory: fetch the next C rows (the next call's) while this
+// call computes, a few lines ahead. Prefetches never fault, past the end of w included.
+inline void prefetch_next_rows(const uint8_t* next_rows, int64_t block, int bytes_per_block) {
+  const uint8_t* p = next_rows + 256 + block * bytes_per_block;
+  for (int off = 0; off < bytes_per_block; off += 64) __builtin_prefetch(p + off);
+}
+
 // One row, C columns: the weights are dequantized in registers and used at once. The arithmetic
 // is exactly micro<1, C> on a dequantized panel (same fma(q, s, b), same chain), without the
 // panel's store and reload, which is most of a GEMV's cost.
@@ -195,6 +216,7 @@ void gemv(const QmmArgs& a, int64_t m, int64_t n) {
       b[c] = param(a, a.biases, (n + c) * groups + g);
     }
     for (int64_t k = g * a.group_size; k < (g + 1) * a.group_size; k += 32) {
+      prefetch_next_rows(a.w + (n + C) * row_bytes, k / 32, 4 * C * a.bits);
       V16 x_even = V16::load(x + k), x_odd = V16::load(x + k + 16);
       for (int c = 0; c < C; ++c) {
         V16 even, odd;
@@ -207,11 +229,73 @@ void gemv(const QmmArgs& a, int64_t m, int64_t n) {
   for (int c = 0; c < C; ++c) a.y[m * a.N + n + c] = reduce16(acc[c]);
 }
 
+#if QMM_ISA == 3
+// gemv<C> for 4-bit codes on AVX-512: vpermps reads only the low 4 bits of each index, so the
+// group's 16 possible weights fma(q, s, b), q = 0..15, computed once per group and column, are
+// looked up instead of masked, converted and fma'd per code. Same floats, same chain, same bits.
+template <typename P>
+inline __m512 group_table(const P* scales, const P* biases, int64_t g) {
+  const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  if constexpr (sizeof(P) == 4) {
+    return _mm512_fmadd_ps(q, _mm512_set1_ps(scales[g]), _mm512_set1_ps(biases[g]));
+  } else {
+    return _mm512_fmadd_ps(q, _mm512_set1_ps(_cvtsh_ss(scales[g])), _mm512_set1_ps(_cvtsh_ss(biases[g])));
+  }
+}
+
+template <int C, typename P>
+void gemv4_table(const QmmArgs& a, int64_t m, int64_t n) {
+  const int64_t row_bytes = a.K / 2, groups = a.K / a.group_size;
+  const float* x = a.x + m * a.K;
+  const uint8_t* w = a.w + n * row_bytes;
+  const P* scales = static_cast<const P*>(a.scales) + n * groups;
+  const P* biases = static_cast<const P*>(a.biases) + n * groups;
+  __m512 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 table[C];
+    for (int c = 0; c < C; ++c) table[c] = group_table(scales + c * groups, biases + c * groups, g);
+    for (int64_t k = g * a.group_size; k < (g + 1) * a.group_size; k += 32) {
+      prefetch_next_rows(w + C * row_bytes, k / 32, 16 * C);
+      const __m512 x_even = _mm512_loadu_ps(x + k), x_odd = _mm512_loadu_ps(x + k + 16);
+      for (int c = 0; c < C; ++c) {
+        const __m512i codes =
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c * row_bytes + k / 2)));
+        acc[c] = _mm512_fmadd_ps(x_even, _mm512_permutexvar_ps(codes, table[c]), acc[c]);
+        acc[c] = _mm512_fmadd_ps(x_odd, _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table[c]), acc[c]);
+      }
+    }
+  }
+  for (int c = 0; c < C; ++c) a.y[m * a.N + n + c] = reduce16(V16{acc[c]});
+}
+
+template <typename P>
+void gemv4_table_range(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) gemv4_table<4, P>(a, m, n);
+  for (; n < n1; ++n) gemv4_table<1, P>(a, m, n);
+}
+#endif
+
+void run_gemv(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
+  int64_t n = n0;
+#if QMM_ISA == 3
+  if (a.bits == 4) {
+    if (a.scales_f16) {
+      gemv4_table_range<uint16_t>(a, n0, n1, m);
+    } else {
+      gemv4_table_range<float>(a, n0, n1, m);
+    }
+    return;
+  }
+#endif
+  for (; n + 4 <= n1; n += 4) gemv<4>(a, m, n);
+  for (; n < n1; ++n) gemv<1>(a, m, n);
+}
+
 void run_range(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel) {
   if (m1 - m0 == 1) {
-    int64_t n = n0;
-    for (; n + 4 <= n1; n += 4) gemv<4>(a, m0, n);
-    for (; n < n1; ++n) gemv<1>(a, m0, n);
+    run_gemv(a, n0, n1, m0);
     return;
   }
   for (int64_t n = n0; n < n1; n += kPanelCols) {
