@@ -82,6 +82,17 @@ def test_non_contiguous_inputs_give_the_contiguous_result() -> None:
     assert np.array_equal(as_numpy(got), as_numpy(want))
 
 
+@pytest.mark.parametrize("view", ["slice", "broadcast"])
+def test_strided_views_are_gathered_like_their_copies(view: str) -> None:
+    w, scales, biases = quantized(40, 128, 32, 4, mx.float32, seed=18)
+    base = mx.random.normal((2, 5, 128), key=mx.random.key(19))
+    x = base[:, 1:4:2, :] if view == "slice" else mx.broadcast_to(base[1, 2], (3, 128))
+    got = ops.quantized_matmul(x, w, scales, biases, 32, 4)
+    want = ops.quantized_matmul(mx.array(np.ascontiguousarray(as_numpy(x))), w, scales, biases, 32, 4)
+    assert got.shape == want.shape
+    assert np.array_equal(as_numpy(got), as_numpy(want))
+
+
 @pytest.mark.parametrize("m", [2, 3, 7, 8, 64, 512])
 def test_a_row_is_bitwise_identical_alone_and_in_any_batch(m: int) -> None:
     w, scales, biases = quantized(200, 576, 32, 4, mx.float16, seed=5)
