@@ -178,10 +178,11 @@ def test_float_matmul_goes_to_the_shim_and_stays_correct() -> None:
     np.testing.assert_allclose(got_t, got, rtol=0, atol=1e-5)
 
 
-def test_float_matmul_row_is_bitwise_identical_alone_in_a_batch_and_with_b_transposed() -> None:
+@pytest.mark.parametrize("k", [300, 64])  # 64: operands read in place, as attention's q.k^T
+def test_float_matmul_row_is_bitwise_identical_alone_in_a_batch_and_with_b_transposed(k: int) -> None:
     rng = np.random.default_rng(17)
-    a = mx.array(rng.standard_normal((9, 300), dtype=np.float32))
-    b_np = rng.standard_normal((300, 45), dtype=np.float32)
+    a = mx.array(rng.standard_normal((9, k), dtype=np.float32))
+    b_np = rng.standard_normal((k, 45), dtype=np.float32)
     b = mx.array(b_np)
     b_as_transposed = mx.array(np.ascontiguousarray(b_np.T)).T  # same values, the other layout
     batch = as_numpy(mx.matmul(a, b))

@@ -164,16 +164,17 @@ void dequant_column(const QmmArgs& a, int64_t n, float* dst) {
   }
 }
 
-// R rows x C columns of output, all K, 16 lanes per element.
+// R rows x C columns of output, all K, 16 lanes per element; column c of the panel starts at
+// panel + c * ld.
 template <int R, int C>
-void micro(const QmmArgs& a, int64_t m, int64_t n, const float* panel) {
+void micro(const QmmArgs& a, int64_t m, int64_t n, const float* panel, int64_t ld) {
   V16 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = V16::zero();
   const float* x = a.x + m * a.K;
   for (int64_t k = 0; k < a.K; k += 16) {
     V16 wv[C];
-    for (int c = 0; c < C; ++c) wv[c] = V16::load(panel + c * a.K + k);
+    for (int c = 0; c < C; ++c) wv[c] = V16::load(panel + c * ld + k);
     for (int r = 0; r < R; ++r) {
       V16 xv = V16::load(x + r * a.K + k);
       for (int c = 0; c < C; ++c) acc[r][c].fma(xv, wv[c]);
@@ -184,12 +185,12 @@ void micro(const QmmArgs& a, int64_t m, int64_t n, const float* panel) {
 }
 
 template <int R>
-void micro_cols(const QmmArgs& a, int64_t m, int64_t n, int cols, const float* panel) {
+void micro_cols(const QmmArgs& a, int64_t m, int64_t n, int cols, const float* panel, int64_t ld) {
   switch (cols) {
-    case 4: micro<R, 4>(a, m, n, panel); break;
-    case 3: micro<R, 3>(a, m, n, panel); break;
-    case 2: micro<R, 2>(a, m, n, panel); break;
-    default: micro<R, 1>(a, m, n, panel); break;
+    case 4: micro<R, 4>(a, m, n, panel, ld); break;
+    case 3: micro<R, 3>(a, m, n, panel, ld); break;
+    case 2: micro<R, 2>(a, m, n, panel, ld); break;
+    default: micro<R, 1>(a, m, n, panel, ld); break;
   }
 }
 
@@ -302,18 +303,19 @@ void run_range(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1,
     int cols = int(n1 - n < kPanelCols ? n1 - n : kPanelCols);
     for (int c = 0; c < cols; ++c) dequant_column(a, n + c, panel + c * a.K);
     int64_t m = m0;
-    for (; m + kRows <= m1; m += kRows) micro_cols<kRows>(a, m, n, cols, panel);
-    for (; m < m1; ++m) micro_cols<1>(a, m, n, cols, panel);
+    for (; m + kRows <= m1; m += kRows) micro_cols<kRows>(a, m, n, cols, panel, a.K);
+    for (; m < m1; ++m) micro_cols<1>(a, m, n, cols, panel, a.K);
   }
 }
 
-// Dense: b_rows holds the N rows of op(B)^T, each a.K floats; same micro-kernel, no dequantization.
-void run_dense(const QmmArgs& a, const float* b_rows) {
+// Dense: b_rows holds the N rows of op(B)^T, a.K floats each, ldb apart; same micro-kernel, no
+// dequantization.
+void run_dense(const QmmArgs& a, const float* b_rows, int64_t ldb) {
   for (int64_t n = 0; n < a.N; n += kPanelCols) {
     int cols = int(a.N - n < kPanelCols ? a.N - n : kPanelCols);
     int64_t m = 0;
-    for (; m + kRows <= a.M; m += kRows) micro_cols<kRows>(a, m, n, cols, b_rows + n * a.K);
-    for (; m < a.M; ++m) micro_cols<1>(a, m, n, cols, b_rows + n * a.K);
+    for (; m + kRows <= a.M; m += kRows) micro_cols<kRows>(a, m, n, cols, b_rows + n * ldb, ldb);
+    for (; m < a.M; ++m) micro_cols<1>(a, m, n, cols, b_rows + n * ldb, ldb);
   }
 }
 
@@ -344,7 +346,7 @@ void run_row(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t
 void qmm_range_avx512(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel) {
   run_range(a, n0, n1, m0, m1, panel);
 }
-void dense_avx512(const QmmArgs& a, const float* b_rows) { run_dense(a, b_rows); }
+void dense_avx512(const QmmArgs& a, const float* b_rows, int64_t ldb) { run_dense(a, b_rows, ldb); }
 void row_avx512(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes) {
   run_row(a_row, k, b, ldb, n, out, lanes);
 }
@@ -352,7 +354,7 @@ void row_avx512(const float* a_row, int64_t k, const float* b, int64_t ldb, int6
 void qmm_range_avx2(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel) {
   run_range(a, n0, n1, m0, m1, panel);
 }
-void dense_avx2(const QmmArgs& a, const float* b_rows) { run_dense(a, b_rows); }
+void dense_avx2(const QmmArgs& a, const float* b_rows, int64_t ldb) { run_dense(a, b_rows, ldb); }
 void row_avx2(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes) {
   run_row(a_row, k, b, ldb, n, out, lanes);
 }
@@ -360,7 +362,7 @@ void row_avx2(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_
 void qmm_range_generic(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel) {
   run_range(a, n0, n1, m0, m1, panel);
 }
-void dense_generic(const QmmArgs& a, const float* b_rows) { run_dense(a, b_rows); }
+void dense_generic(const QmmArgs& a, const float* b_rows, int64_t ldb) { run_dense(a, b_rows, ldb); }
 void row_generic(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes) {
   run_row(a_row, k, b, ldb, n, out, lanes);
 }
