@@ -246,9 +246,10 @@ inline __m512 group_table(const P* scales, const P* biases, int64_t g) {
 
 template <int C, typename P>
 void gemv4_table(const QmmArgs& a, int64_t m, int64_t n) {
-  const int64_t row_bytes = a.K / 2, groups = a.K / a.group_size;
+  const int64_t row_bytes = a.K / 2, groups = a.K / a.group_size, blocks_per_group = a.group_size / 32;
   const float* x = a.x + m * a.K;
   const uint8_t* w = a.w + n * row_bytes;
+  const uint8_t* next = w + C * row_bytes + 256;  // prefetch: the next call's rows, 4 lines ahead
   const P* scales = static_cast<const P*>(a.scales) + n * groups;
   const P* biases = static_cast<const P*>(a.biases) + n * groups;
   __m512 acc[C];
@@ -256,15 +257,18 @@ void gemv4_table(const QmmArgs& a, int64_t m, int64_t n) {
   for (int64_t g = 0; g < groups; ++g) {
     __m512 table[C];
     for (int c = 0; c < C; ++c) table[c] = group_table(scales + c * groups, biases + c * groups, g);
-    for (int64_t k = g * a.group_size; k < (g + 1) * a.group_size; k += 32) {
-      prefetch_next_rows(w + C * row_bytes, k / 32, 16 * C);
-      const __m512 x_even = _mm512_loadu_ps(x + k), x_odd = _mm512_loadu_ps(x + k + 16);
+    for (int64_t j = 0; j < blocks_per_group; ++j) {
+      for (int off = 0; off < 16 * C; off += 64) __builtin_prefetch(next + off);
+      next += 16 * C;
+      const __m512 x_even = _mm512_loadu_ps(x), x_odd = _mm512_loadu_ps(x + 16);
       for (int c = 0; c < C; ++c) {
         const __m512i codes =
-            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c * row_bytes + k / 2)));
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c * row_bytes)));
         acc[c] = _mm512_fmadd_ps(x_even, _mm512_permutexvar_ps(codes, table[c]), acc[c]);
         acc[c] = _mm512_fmadd_ps(x_odd, _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table[c]), acc[c]);
       }
+      x += 32;
+      w += 16;
     }
   }
   for (int c = 0; c < C; ++c) a.y[m * a.N + n + c] = reduce16(V16{acc[c]});
