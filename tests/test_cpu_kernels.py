@@ -82,6 +82,17 @@ def test_non_contiguous_inputs_give_the_contiguous_result() -> None:
     assert np.array_equal(as_numpy(got), as_numpy(want))
 
 
+@pytest.mark.parametrize("view", ["slice", "broadcast"])
+def test_strided_views_are_gathered_like_their_copies(view: str) -> None:
+    w, scales, biases = quantized(40, 128, 32, 4, mx.float32, seed=18)
+    base = mx.random.normal((2, 5, 128), key=mx.random.key(19))
+    x = base[:, 1:4:2, :] if view == "slice" else mx.broadcast_to(base[1, 2], (3, 128))
+    got = ops.quantized_matmul(x, w, scales, biases, 32, 4)
+    want = ops.quantized_matmul(mx.array(np.ascontiguousarray(as_numpy(x))), w, scales, biases, 32, 4)
+    assert got.shape == want.shape
+    assert np.array_equal(as_numpy(got), as_numpy(want))
+
+
 @pytest.mark.parametrize("m", [2, 3, 7, 8, 64, 512])
 def test_a_row_is_bitwise_identical_alone_and_in_any_batch(m: int) -> None:
     w, scales, biases = quantized(200, 576, 32, 4, mx.float16, seed=5)
@@ -107,8 +118,11 @@ def test_thread_count_does_not_change_a_bit() -> None:
 @pytest.mark.usefixtures("restore_threads_and_isa")
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("m", [1, 11])
-def test_every_instruction_set_gives_the_same_bits(bits: int, m: int) -> None:
-    w, scales, biases = quantized(70, 384, 128, bits, mx.float16, seed=9)
+@pytest.mark.parametrize("group_size", [32, 128])
+@pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16])
+def test_every_instruction_set_gives_the_same_bits(bits: int, m: int, group_size: int, scale_dtype: mx.Dtype) -> None:
+    # 70 columns: whole blocks of 4 and a tail; m == 1 takes the GEMV paths (AVX-512 4-bit: a table).
+    w, scales, biases = quantized(70, 384, group_size, bits, scale_dtype, seed=9)
     x = rows(m, 384, seed=10)
     outputs = {}
     for isa in ("avx512", "avx2", "generic"):
@@ -116,7 +130,7 @@ def test_every_instruction_set_gives_the_same_bits(bits: int, m: int) -> None:
             ops.set_isa(isa)
         except ValueError:
             continue  # this CPU lacks it
-        outputs[isa] = as_numpy(ops.quantized_matmul(x, w, scales, biases, 128, bits))
+        outputs[isa] = as_numpy(ops.quantized_matmul(x, w, scales, biases, group_size, bits))
     assert "generic" in outputs and len(outputs) >= 2
     first = next(iter(outputs.values()))
     assert all(np.array_equal(first, other) for other in outputs.values())
@@ -164,10 +178,11 @@ def test_float_matmul_goes_to_the_shim_and_stays_correct() -> None:
     np.testing.assert_allclose(got_t, got, rtol=0, atol=1e-5)
 
 
-def test_float_matmul_row_is_bitwise_identical_alone_in_a_batch_and_with_b_transposed() -> None:
+@pytest.mark.parametrize("k", [300, 64])  # 64: operands read in place, as attention's q.k^T
+def test_float_matmul_row_is_bitwise_identical_alone_in_a_batch_and_with_b_transposed(k: int) -> None:
     rng = np.random.default_rng(17)
-    a = mx.array(rng.standard_normal((9, 300), dtype=np.float32))
-    b_np = rng.standard_normal((300, 45), dtype=np.float32)
+    a = mx.array(rng.standard_normal((9, k), dtype=np.float32))
+    b_np = rng.standard_normal((k, 45), dtype=np.float32)
     b = mx.array(b_np)
     b_as_transposed = mx.array(np.ascontiguousarray(b_np.T)).T  # same values, the other layout
     batch = as_numpy(mx.matmul(a, b))

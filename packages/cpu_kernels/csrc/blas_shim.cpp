@@ -15,7 +15,7 @@ namespace {
 
 enum { kRowMajor = 101, kColMajor = 102, kNoTrans = 111 };
 
-using Dense = void (*)(const mlxkv::QmmArgs&, const float*);
+using Dense = void (*)(const mlxkv::QmmArgs&, const float*, int64_t);
 using Row = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, float*);
 
 int best() {
@@ -86,19 +86,27 @@ __attribute__((visibility("default"))) void cblas_sgemm(
     return;
   }
   const int64_t kp = (int64_t(k) + 15) / 16 * 16;
-  ap.resize(size_t(m) * kp);
-  bp.resize(size_t(n) * kp);
+  // Operands already laid out as the kernel reads them (attention's q.k^T: q rows, k rows, head
+  // dim a multiple of 16) are read in place: packing the keys was a copy of the cache per call.
+  const bool a_in_place = ta == kNoTrans && kp == k && (m == 1 || lda == k);
+  const bool b_in_place = tb != kNoTrans && kp == k;
   dots.resize(size_t(m) * n);
-  pack(a, lda, ta != kNoTrans, m, k, kp, ap.data());
-  // Rows of op(B)^T: op(B)^T[j][l] = op(B)[l][j]; for NoTrans that is b[l * ldb + j] (a transpose).
-  pack(b, ldb, tb == kNoTrans, n, k, kp, bp.data());
+  if (!a_in_place) {
+    ap.resize(size_t(m) * kp);
+    pack(a, lda, ta != kNoTrans, m, k, kp, ap.data());
+  }
+  if (!b_in_place) {
+    bp.resize(size_t(n) * kp);
+    // Rows of op(B)^T: op(B)^T[j][l] = op(B)[l][j]; for NoTrans that is b[l * ldb + j] (a transpose).
+    pack(b, ldb, tb == kNoTrans, n, k, kp, bp.data());
+  }
   mlxkv::QmmArgs args{};
-  args.x = ap.data();
+  args.x = a_in_place ? a : ap.data();
   args.y = dots.data();
   args.M = m;
   args.N = n;
   args.K = kp;
-  dense(args, bp.data());
+  dense(args, b_in_place ? b : bp.data(), b_in_place ? ldb : kp);
   store(c, ldc, m, n, dots.data(), alpha, beta);
 }
 

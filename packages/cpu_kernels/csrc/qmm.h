@@ -34,11 +34,11 @@ void qmm_range_avx2(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_
 void qmm_range_avx512(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel);
 
 // Dense float product in a fixed order (lane l takes k = l, l + 16, ... ascending, then the same
-// tree): a.x is (M, K) and b_rows (N, K), both row-major with K a multiple of 16 (zero-padded);
-// writes a.y (M, N). Single-threaded.
-void dense_generic(const QmmArgs& a, const float* b_rows);
-void dense_avx2(const QmmArgs& a, const float* b_rows);
-void dense_avx512(const QmmArgs& a, const float* b_rows);
+// tree): a.x is (M, K) row-major and b_rows holds N rows of K floats, ldb apart, with K a multiple
+// of 16 (zero-padded); writes a.y (M, N). Single-threaded.
+void dense_generic(const QmmArgs& a, const float* b_rows, int64_t ldb);
+void dense_avx2(const QmmArgs& a, const float* b_rows, int64_t ldb);
+void dense_avx512(const QmmArgs& a, const float* b_rows, int64_t ldb);
 
 // out (n) = a_row (k) times b, row-major (k, n) with leading dimension ldb, in the same order as
 // dense_*; lanes holds 16 * n floats.

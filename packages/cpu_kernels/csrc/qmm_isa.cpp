@@ -46,14 +46,28 @@ struct V16 {
 constexpr int kRows = 1;
 #endif
 
-// The fixed reduction tree shared by all instruction sets (plain scalar adds).
+// The fixed reduction tree shared by all instruction sets: l[i] + l[i + 8], then + 4, + 2, + 1.
+// The SIMD paths add the same pairs in registers (halves of the vector), the portable one in scalars.
 inline float reduce16(const V16& acc) {
+#if QMM_ISA >= 2
+#if QMM_ISA == 3
+  const __m256 lo = _mm512_castps512_ps256(acc.v);
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc.v), 1));
+#else
+  const __m256 lo = acc.lo, hi = acc.hi;
+#endif
+  const __m256 h8 = _mm256_add_ps(lo, hi);
+  const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+  const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+  return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+#else
   float l[16];
   acc.store(l);
   for (int i = 0; i < 8; ++i) l[i] = l[i] + l[i + 8];
   for (int i = 0; i < 4; ++i) l[i] = l[i] + l[i + 4];
   for (int i = 0; i < 2; ++i) l[i] = l[i] + l[i + 2];
   return l[0] + l[1];
+#endif
 }
 
 inline float half_to_float(uint16_t h) {
@@ -150,16 +164,17 @@ void dequant_column(const QmmArgs& a, int64_t n, float* dst) {
   }
 }
 
-// R rows x C columns of output, all K, 16 lanes per element.
+// R rows x C columns of output, all K, 16 lanes per element; column c of the panel starts at
+// panel + c * ld.
 template <int R, int C>
-void micro(const QmmArgs& a, int64_t m, int64_t n, const float* panel) {
+void micro(const QmmArgs& a, int64_t m, int64_t n, const float* panel, int64_t ld) {
   V16 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = V16::zero();
   const float* x = a.x + m * a.K;
   for (int64_t k = 0; k < a.K; k += 16) {
     V16 wv[C];
-    for (int c = 0; c < C; ++c) wv[c] = V16::load(panel + c * a.K + k);
+    for (int c = 0; c < C; ++c) wv[c] = V16::load(panel + c * ld + k);
     for (int r = 0; r < R; ++r) {
       V16 xv = V16::load(x + r * a.K + k);
       for (int c = 0; c < C; ++c) acc[r][c].fma(xv, wv[c]);
@@ -170,13 +185,20 @@ void micro(const QmmArgs& a, int64_t m, int64_t n, const float* panel) {
 }
 
 template <int R>
-void micro_cols(const QmmArgs& a, int64_t m, int64_t n, int cols, const float* panel) {
+void micro_cols(const QmmArgs& a, int64_t m, int64_t n, int cols, const float* panel, int64_t ld) {
   switch (cols) {
-    case 4: micro<R, 4>(a, m, n, panel); break;
-    case 3: micro<R, 3>(a, m, n, panel); break;
-    case 2: micro<R, 2>(a, m, n, panel); break;
-    default: micro<R, 1>(a, m, n, panel); break;
+    case 4: micro<R, 4>(a, m, n, panel, ld); break;
+    case 3: micro<R, 3>(a, m, n, panel, ld); break;
+    case 2: micro<R, 2>(a, m, n, panel, ld); break;
+    default: micro<R, 1>(a, m, n, panel, ld); break;
   }
+}
+
+// GEMV streams each weight once from memory: fetch the next C rows (the next call's) while this
+// call computes, a few lines ahead. Prefetches never fault, past the end of w included.
+inline void prefetch_next_rows(const uint8_t* next_rows, int64_t block, int bytes_per_block) {
+  const uint8_t* p = next_rows + 256 + block * bytes_per_block;
+  for (int off = 0; off < bytes_per_block; off += 64) __builtin_prefetch(p + off);
 }
 
 // One row, C columns: the weights are dequantized in registers and used at once. The arithmetic
@@ -195,6 +217,7 @@ void gemv(const QmmArgs& a, int64_t m, int64_t n) {
       b[c] = param(a, a.biases, (n + c) * groups + g);
     }
     for (int64_t k = g * a.group_size; k < (g + 1) * a.group_size; k += 32) {
+      prefetch_next_rows(a.w + (n + C) * row_bytes, k / 32, 4 * C * a.bits);
       V16 x_even = V16::load(x + k), x_odd = V16::load(x + k + 16);
       for (int c = 0; c < C; ++c) {
         V16 even, odd;
@@ -207,29 +230,96 @@ void gemv(const QmmArgs& a, int64_t m, int64_t n) {
   for (int c = 0; c < C; ++c) a.y[m * a.N + n + c] = reduce16(acc[c]);
 }
 
+#if QMM_ISA == 3
+// gemv<C> for 4-bit codes on AVX-512: vpermps reads only the low 4 bits of each index, so the
+// group's 16 possible weights fma(q, s, b), q = 0..15, computed once per group and column, are
+// looked up instead of masked, converted and fma'd per code. Same floats, same chain, same bits.
+template <typename P>
+inline __m512 group_table(const P* scales, const P* biases, int64_t g) {
+  const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  if constexpr (sizeof(P) == 4) {
+    return _mm512_fmadd_ps(q, _mm512_set1_ps(scales[g]), _mm512_set1_ps(biases[g]));
+  } else {
+    return _mm512_fmadd_ps(q, _mm512_set1_ps(_cvtsh_ss(scales[g])), _mm512_set1_ps(_cvtsh_ss(biases[g])));
+  }
+}
+
+template <int C, typename P>
+void gemv4_table(const QmmArgs& a, int64_t m, int64_t n) {
+  const int64_t row_bytes = a.K / 2, groups = a.K / a.group_size, blocks_per_group = a.group_size / 32;
+  const float* x = a.x + m * a.K;
+  const uint8_t* w = a.w + n * row_bytes;
+  const uint8_t* next = w + C * row_bytes + 256;  // prefetch: the next call's rows, 4 lines ahead
+  const P* scales = static_cast<const P*>(a.scales) + n * groups;
+  const P* biases = static_cast<const P*>(a.biases) + n * groups;
+  __m512 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 table[C];
+    for (int c = 0; c < C; ++c) table[c] = group_table(scales + c * groups, biases + c * groups, g);
+    for (int64_t j = 0; j < blocks_per_group; ++j) {
+      for (int off = 0; off < 16 * C; off += 64) __builtin_prefetch(next + off);
+      next += 16 * C;
+      const __m512 x_even = _mm512_loadu_ps(x), x_odd = _mm512_loadu_ps(x + 16);
+      for (int c = 0; c < C; ++c) {
+        const __m512i codes =
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c * row_bytes)));
+        acc[c] = _mm512_fmadd_ps(x_even, _mm512_permutexvar_ps(codes, table[c]), acc[c]);
+        acc[c] = _mm512_fmadd_ps(x_odd, _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table[c]), acc[c]);
+      }
+      x += 32;
+      w += 16;
+    }
+  }
+  for (int c = 0; c < C; ++c) a.y[m * a.N + n + c] = reduce16(V16{acc[c]});
+}
+
+template <typename P>
+void gemv4_table_range(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) gemv4_table<4, P>(a, m, n);
+  for (; n < n1; ++n) gemv4_table<1, P>(a, m, n);
+}
+#endif
+
+void run_gemv(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
+  int64_t n = n0;
+#if QMM_ISA == 3
+  if (a.bits == 4) {
+    if (a.scales_f16) {
+      gemv4_table_range<uint16_t>(a, n0, n1, m);
+    } else {
+      gemv4_table_range<float>(a, n0, n1, m);
+    }
+    return;
+  }
+#endif
+  for (; n + 4 <= n1; n += 4) gemv<4>(a, m, n);
+  for (; n < n1; ++n) gemv<1>(a, m, n);
+}
+
 void run_range(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel) {
   if (m1 - m0 == 1) {
-    int64_t n = n0;
-    for (; n + 4 <= n1; n += 4) gemv<4>(a, m0, n);
-    for (; n < n1; ++n) gemv<1>(a, m0, n);
+    run_gemv(a, n0, n1, m0);
     return;
   }
   for (int64_t n = n0; n < n1; n += kPanelCols) {
     int cols = int(n1 - n < kPanelCols ? n1 - n : kPanelCols);
     for (int c = 0; c < cols; ++c) dequant_column(a, n + c, panel + c * a.K);
     int64_t m = m0;
-    for (; m + kRows <= m1; m += kRows) micro_cols<kRows>(a, m, n, cols, panel);
-    for (; m < m1; ++m) micro_cols<1>(a, m, n, cols, panel);
+    for (; m + kRows <= m1; m += kRows) micro_cols<kRows>(a, m, n, cols, panel, a.K);
+    for (; m < m1; ++m) micro_cols<1>(a, m, n, cols, panel, a.K);
   }
 }
 
-// Dense: b_rows holds the N rows of op(B)^T, each a.K floats; same micro-kernel, no dequantization.
-void run_dense(const QmmArgs& a, const float* b_rows) {
+// Dense: b_rows holds the N rows of op(B)^T, a.K floats each, ldb apart; same micro-kernel, no
+// dequantization.
+void run_dense(const QmmArgs& a, const float* b_rows, int64_t ldb) {
   for (int64_t n = 0; n < a.N; n += kPanelCols) {
     int cols = int(a.N - n < kPanelCols ? a.N - n : kPanelCols);
     int64_t m = 0;
-    for (; m + kRows <= a.M; m += kRows) micro_cols<kRows>(a, m, n, cols, b_rows + n * a.K);
-    for (; m < a.M; ++m) micro_cols<1>(a, m, n, cols, b_rows + n * a.K);
+    for (; m + kRows <= a.M; m += kRows) micro_cols<kRows>(a, m, n, cols, b_rows + n * ldb, ldb);
+    for (; m < a.M; ++m) micro_cols<1>(a, m, n, cols, b_rows + n * ldb, ldb);
   }
 }
 
@@ -260,7 +350,7 @@ void run_row(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t
 void qmm_range_avx512(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel) {
   run_range(a, n0, n1, m0, m1, panel);
 }
-void dense_avx512(const QmmArgs& a, const float* b_rows) { run_dense(a, b_rows); }
+void dense_avx512(const QmmArgs& a, const float* b_rows, int64_t ldb) { run_dense(a, b_rows, ldb); }
 void row_avx512(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes) {
   run_row(a_row, k, b, ldb, n, out, lanes);
 }
@@ -268,7 +358,7 @@ void row_avx512(const float* a_row, int64_t k, const float* b, int64_t ldb, int6
 void qmm_range_avx2(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel) {
   run_range(a, n0, n1, m0, m1, panel);
 }
-void dense_avx2(const QmmArgs& a, const float* b_rows) { run_dense(a, b_rows); }
+void dense_avx2(const QmmArgs& a, const float* b_rows, int64_t ldb) { run_dense(a, b_rows, ldb); }
 void row_avx2(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes) {
   run_row(a_row, k, b, ldb, n, out, lanes);
 }
@@ -276,7 +366,7 @@ void row_avx2(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_
 void qmm_range_generic(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel) {
   run_range(a, n0, n1, m0, m1, panel);
 }
-void dense_generic(const QmmArgs& a, const float* b_rows) { run_dense(a, b_rows); }
+void dense_generic(const QmmArgs& a, const float* b_rows, int64_t ldb) { run_dense(a, b_rows, ldb); }
 void row_generic(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes) {
   run_row(a_row, k, b, ldb, n, out, lanes);
 }
