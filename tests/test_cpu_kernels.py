@@ -117,11 +117,12 @@ def test_thread_count_does_not_change_a_bit() -> None:
 
 @pytest.mark.usefixtures("restore_threads_and_isa")
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("m", [1, 11])
+@pytest.mark.parametrize("m", [1, 2, 11, 17])
 @pytest.mark.parametrize("group_size", [32, 128])
 @pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16])
 def test_every_instruction_set_gives_the_same_bits(bits: int, m: int, group_size: int, scale_dtype: mx.Dtype) -> None:
-    # 70 columns: whole blocks of 4 and a tail; m == 1 takes the GEMV paths (AVX-512 4-bit: a table).
+    # 70 columns: whole blocks of 4 and a tail; m == 1 takes the GEMV paths, 2..16 rows the row
+    # tiles (AVX-512 4-bit: both with a table), 17 the dequantized panel.
     w, scales, biases = quantized(70, 384, group_size, bits, scale_dtype, seed=9)
     x = rows(m, 384, seed=10)
     outputs = {}

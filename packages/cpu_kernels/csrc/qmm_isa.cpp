@@ -280,6 +280,65 @@ void gemv4_table_range(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
   for (; n + 4 <= n1; n += 4) gemv4_table<4, P>(a, m, n);
   for (; n < n1; ++n) gemv4_table<1, P>(a, m, n);
 }
+
+// R rows (R <= 4) x C columns with the table: each block's looked-up weights serve all R rows
+// from registers. Every element is gemv4_table's chain (same weights, same fma order), so a row
+// gets the same bits alone, in a speculative round's few positions or in a small batch.
+template <int R, int C, typename P>
+void rows4_table(const QmmArgs& a, int64_t m, int64_t n) {
+  const int64_t row_bytes = a.K / 2, groups = a.K / a.group_size, blocks_per_group = a.group_size / 32;
+  const float* x = a.x + m * a.K;
+  const uint8_t* w = a.w + n * row_bytes;
+  const P* scales = static_cast<const P*>(a.scales) + n * groups;
+  const P* biases = static_cast<const P*>(a.biases) + n * groups;
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 table[C];
+    for (int c = 0; c < C; ++c) table[c] = group_table(scales + c * groups, biases + c * groups, g);
+    for (int64_t j = 0; j < blocks_per_group; ++j, k += 32, w += 16) {
+      __m512 even[C], odd[C];
+      for (int c = 0; c < C; ++c) {
+        const __m512i codes =
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c * row_bytes)));
+        even[c] = _mm512_permutexvar_ps(codes, table[c]);
+        odd[c] = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table[c]);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512 x_even = _mm512_loadu_ps(x + r * a.K + k), x_odd = _mm512_loadu_ps(x + r * a.K + k + 16);
+        for (int c = 0; c < C; ++c) {
+          acc[r][c] = _mm512_fmadd_ps(x_even, even[c], acc[r][c]);
+          acc[r][c] = _mm512_fmadd_ps(x_odd, odd[c], acc[r][c]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) a.y[(m + r) * a.N + n + c] = reduce16(V16{acc[r][c]});
+}
+
+template <int R, typename P>
+void rows4_table_range(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) rows4_table<R, 4, P>(a, m, n);
+  for (; n < n1; ++n) rows4_table<R, 1, P>(a, m, n);
+}
+
+// Rows [m0, m1), at most kTableRows of them, in tiles of up to 4 rows.
+template <typename P>
+void rows_table(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1) {
+  for (int64_t m = m0; m < m1; m += 4) {
+    switch (m1 - m < 4 ? m1 - m : 4) {
+      case 4: rows4_table_range<4, P>(a, n0, n1, m); break;
+      case 3: rows4_table_range<3, P>(a, n0, n1, m); break;
+      case 2: rows4_table_range<2, P>(a, n0, n1, m); break;
+      default: gemv4_table_range<P>(a, n0, n1, m); break;
+    }
+  }
+}
+constexpr int64_t kTableRows = 16;  // above this, the dequantized panel's reuse wins
 #endif
 
 void run_gemv(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
@@ -303,6 +362,16 @@ void run_range(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1,
     run_gemv(a, n0, n1, m0);
     return;
   }
+#if QMM_ISA == 3
+  if (a.bits == 4 && m1 - m0 <= kTableRows) {
+    if (a.scales_f16) {
+      rows_table<uint16_t>(a, n0, n1, m0, m1);
+    } else {
+      rows_table<float>(a, n0, n1, m0, m1);
+    }
+    return;
+  }
+#endif
   for (int64_t n = n0; n < n1; n += kPanelCols) {
     int cols = int(n1 - n < kPanelCols ? n1 - n : kPanelCols);
     for (int c = 0; c < cols; ++c) dequant_column(a, n + c, panel + c * a.K);
