@@ -117,7 +117,7 @@ def test_thread_count_does_not_change_a_bit() -> None:
 
 @pytest.mark.usefixtures("restore_threads_and_isa")
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("m", [1, 2, 11, 17])
+@pytest.mark.parametrize("m", [1, 2, 4, 11, 17])
 @pytest.mark.parametrize("group_size", [32, 128])
 @pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16])
 def test_every_instruction_set_gives_the_same_bits(bits: int, m: int, group_size: int, scale_dtype: mx.Dtype) -> None:

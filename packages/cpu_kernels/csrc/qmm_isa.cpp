@@ -230,7 +230,60 @@ void gemv(const QmmArgs& a, int64_t m, int64_t n) {
   for (int c = 0; c < C; ++c) a.y[m * a.N + n + c] = reduce16(acc[c]);
 }
 
+// gemv<C> for R rows (R <= 4): each block's dequantized weights serve all R rows from registers.
+// Every element is gemv's chain, so a row gets the same bits alone or among a few.
+template <int R, int C>
+void gemv_rows(const QmmArgs& a, int64_t m, int64_t n) {
+  const int64_t row_bytes = a.K * a.bits / 8, groups = a.K / a.group_size;
+  const float* x = a.x + m * a.K;
+  V16 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = V16::zero();
+  for (int64_t g = 0; g < groups; ++g) {
+    float s[C], b[C];
+    for (int c = 0; c < C; ++c) {
+      s[c] = param(a, a.scales, (n + c) * groups + g);
+      b[c] = param(a, a.biases, (n + c) * groups + g);
+    }
+    for (int64_t k = g * a.group_size; k < (g + 1) * a.group_size; k += 32) {
+      V16 even[C], odd[C];
+      for (int c = 0; c < C; ++c) dequant32(a.w + (n + c) * row_bytes + k * a.bits / 8, a.bits, s[c], b[c], even[c], odd[c]);
+      for (int r = 0; r < R; ++r) {
+        V16 x_even = V16::load(x + r * a.K + k), x_odd = V16::load(x + r * a.K + k + 16);
+        for (int c = 0; c < C; ++c) {
+          acc[r][c].fma(x_even, even[c]);
+          acc[r][c].fma(x_odd, odd[c]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) a.y[(m + r) * a.N + n + c] = reduce16(acc[r][c]);
+}
+
+template <int R>
+void gemv_rows_range(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) gemv_rows<R, 4>(a, m, n);
+  for (; n < n1; ++n) gemv_rows<R, 1>(a, m, n);
+}
+
+// Rows [m0, m1), a few of them, in tiles of up to 4 rows, with no panel.
+void few_rows(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1) {
+  for (int64_t m = m0; m < m1; m += 4) {
+    switch (m1 - m < 4 ? m1 - m : 4) {
+      case 4: gemv_rows_range<4>(a, n0, n1, m); break;
+      case 3: gemv_rows_range<3>(a, n0, n1, m); break;
+      case 2: gemv_rows_range<2>(a, n0, n1, m); break;
+      default: gemv_rows_range<1>(a, n0, n1, m); break;
+    }
+  }
+}
+constexpr int64_t kFewRows = 4;  // one tile: above it, dequantizing once into the panel wins
+
 #if QMM_ISA == 3
+constexpr int64_t kTableRows = 16;  // the table's lookups are cheap enough to redo per 4-row tile
+
 // gemv<C> for 4-bit codes on AVX-512: vpermps reads only the low 4 bits of each index, so the
 // group's 16 possible weights fma(q, s, b), q = 0..15, computed once per group and column, are
 // looked up instead of masked, converted and fma'd per code. Same floats, same chain, same bits.
@@ -338,7 +391,6 @@ void rows_table(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1
     }
   }
 }
-constexpr int64_t kTableRows = 16;  // above this, the dequantized panel's reuse wins
 #endif
 
 void run_gemv(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
@@ -372,6 +424,10 @@ void run_range(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1,
     return;
   }
 #endif
+  if (m1 - m0 <= kFewRows) {
+    few_rows(a, n0, n1, m0, m1);
+    return;
+  }
   for (int64_t n = n0; n < n1; n += kPanelCols) {
     int cols = int(n1 - n < kPanelCols ? n1 - n : kPanelCols);
     for (int c = 0; c < cols; ++c) dequant_column(a, n + c, panel + c * a.K);
