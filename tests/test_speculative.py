@@ -222,3 +222,16 @@ def test_speculation_keeps_penalties_and_grammars_exact_on_the_native_kernel(cas
         mode="prompt_lookup", num_draft_tokens=4, adaptive=False))).run()
     assert fast.token_ids == plain.token_ids
     assert fast.draft_tokens > 0
+
+
+def test_step_costs_interpolate_between_measured_sizes_and_extrapolate_past_them() -> None:
+    costs = StepCosts()
+    costs.record(1, 0.020)
+    assert costs.seconds(1) == 0.020 and costs.seconds(4) is None  # one size known: no line yet
+    assert costs.relative(4) == pytest.approx(1 + 0.15 * 3)  # the prior
+    costs.record(3, 0.040)
+    costs.record(9, 0.080)
+    assert costs.seconds(2) == pytest.approx(0.030)
+    assert costs.seconds(6) == pytest.approx(0.060)
+    assert costs.seconds(12) == pytest.approx(0.100)
+    assert costs.relative(3) == pytest.approx(2.0) and costs.relative(9, base=3) == pytest.approx(2.0)

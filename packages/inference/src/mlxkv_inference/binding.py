@@ -6,6 +6,7 @@ import gc
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from mlxkv_inference.tokenizer.protocol import Tokenizer
 DEFAULT_PREFILL_CHUNK = 512
 PROBED_ROWS = 8  # batch sizes the first row-invariance probe covers
 PROBED_POSITIONS = 9  # positions the multi-position probe verifies in one forward
+CALIBRATION_CONTEXT = 64  # tokens in the caches the step-cost calibration runs over
 log = logging.getLogger(__name__)
 
 
@@ -125,6 +127,8 @@ class MlxAutoregressiveBinding:
         if self._positions_exact is None:
             try:
                 self._positions_exact = self._probe_positions()
+                if self._positions_exact:
+                    self._calibrate_step_costs()
             except Exception as e:  # noqa: BLE001 - a probe that cannot run proves nothing: stay safe
                 log.warning("the multi-position probe failed (%s: %s): speculation stays off", type(e).__name__, e)
                 self._positions_exact = False
@@ -132,6 +136,24 @@ class MlxAutoregressiveBinding:
                 log.warning("a multi-token forward of this model differs from single steps: speculation stays off, "
                             "prompts prefill in whole chunks")
         return self._positions_exact
+
+    def _calibrate_step_costs(self) -> None:
+        """Seed `step_costs` with forwards of a few sizes, so the first speculative rounds are
+        sized from this machine rather than a guess (decode steps refine them as they run)."""
+        caches = self.make_cache()
+        self._forward(mx.arange(CALIBRATION_CONTEXT)[None], caches)
+        mx.eval([c.state for c in caches])
+        for rows in (1, 2, 3, 5, PROBED_POSITIONS):
+            if round_fits(caches, rows, self.kv_scheme) < rows:
+                continue
+            best = float("inf")
+            for _ in range(2):
+                trial = [c.clone() for c in caches]  # recurrent state cannot be trimmed back
+                mx.eval([c.state for c in trial])
+                started = time.perf_counter()
+                mx.eval(self._forward(mx.arange(rows)[None], trial))
+                best = min(best, time.perf_counter() - started)
+            self.step_costs.record(rows, best)
 
     def _probe_positions(self) -> bool:
         caches = self.make_cache()

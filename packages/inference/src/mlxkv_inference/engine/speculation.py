@@ -125,15 +125,23 @@ class StepCosts:
             self._seconds[rows] = seconds if previous is None else 0.8 * previous + 0.2 * seconds
 
     def seconds(self, rows: int) -> float | None:
+        """Measured seconds for `rows`, else interpolated (or extrapolated) from the nearest
+        measured row counts; None before two row counts are measured."""
         with self._lock:
-            return self._seconds.get(rows)
+            known = sorted(self._seconds.items())
+        exact = dict(known).get(rows)
+        if exact is not None or len(known) < 2:
+            return exact
+        below = [p for p in known if p[0] < rows]
+        above = [p for p in known if p[0] > rows]
+        (r0, t0), (r1, t1) = (below[-1], above[0]) if below and above else (known[-2:] if below else known[:2])
+        return max(t0 + (t1 - t0) * (rows - r0) / (r1 - r0), 0.0)
 
     def relative(self, rows: int, base: int = 1) -> float:
         """What a forward of `rows` positions costs against one of `base` positions."""
         if rows <= base:
             return 1.0
-        with self._lock:
-            few, many = self._seconds.get(base), self._seconds.get(rows)
+        few, many = self.seconds(base), self.seconds(rows)
         if few is None or many is None or few <= 0:
             return 1.0 + PRIOR_POSITION_COST * (rows - base) / base
         return max(many / few, 1.0)
