@@ -3,6 +3,7 @@ greedy and seeded, alone and in a batch; and the pieces (prompt lookup, rounds, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -235,3 +236,27 @@ def test_step_costs_interpolate_between_measured_sizes_and_extrapolate_past_them
     assert costs.seconds(6) == pytest.approx(0.060)
     assert costs.seconds(12) == pytest.approx(0.100)
     assert costs.relative(3) == pytest.approx(2.0) and costs.relative(9, base=3) == pytest.approx(2.0)
+
+
+class RepeatLast:
+    """A proposer that guesses the last token again (costly in the controller's eyes: not prompt lookup)."""
+
+    def propose(self, history: Sequence[int], limit: int) -> list[int]:
+        return [history[-1]] * limit
+
+
+def test_a_costly_proposer_that_keeps_missing_is_retried_ever_more_rarely() -> None:
+    from mlxkv_inference.engine.speculator import MAX_RETRY_EVERY, RETRY_EVERY
+
+    costs = StepCosts()
+    costs.record(1, 1.0)
+    costs.record(2, 1.3)
+    speculator = Speculator(SpeculativeParams(mode="draft", num_draft_tokens=1), RepeatLast(), costs)
+    retries_at = []
+    for step in range(2000):
+        drafts = speculator.drafts([7], 1)
+        if drafts and step > 20:
+            retries_at.append(step)
+        speculator.observe(drafts, [8])  # every guess misses
+    gaps = [b - a for a, b in zip(retries_at, retries_at[1:])]
+    assert gaps[0] >= RETRY_EVERY and gaps == sorted(gaps) and gaps[-1] == MAX_RETRY_EVERY

@@ -7,7 +7,7 @@ one more row costs a lone sequence more than it costs a step already running eig
 draft model, the measured time of drafting k tokens. Where no k beats a plain step, the round is
 a plain step: speculation off where it loses. Prompt lookup drafts cost nothing, so while off it still checks its guesses against the
 tokens produced and turns itself back on when they start matching; a draft model is retried
-with one draft every `RETRY_EVERY` steps.
+with one draft after `RETRY_EVERY` plain steps, twice as many after each retry that misses.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from mlxkv_inference.engine.speculation import SpeculativeParams, StepCosts
 
 DECAY = 0.9  # weight of earlier rounds in the acceptance estimate
 RETRY_EVERY = 16
+MAX_RETRY_EVERY = 256
 GAIN_MARGIN = 1.05  # a longer round must beat the best shorter one by this much
 
 
@@ -33,6 +34,8 @@ class Speculator:
         self._misses = 1.0  # decayed rejected drafts
         self._shadow: list[int] = []
         self._idle_steps = 0
+        self._retry_every = RETRY_EVERY
+        self._retrying = False
         self._draft_seconds = 0.0  # a draft model's seconds a drafted token (0 until measured)
         self.drafted = 0  # drafts verified
         self.accepted = 0  # drafts accepted
@@ -54,9 +57,10 @@ class Speculator:
             if self._free:
                 self._shadow = self._proposer.propose(history, 1)
                 return []
-            if self._idle_steps < RETRY_EVERY:
+            if self._idle_steps < self._retry_every:
                 return []
             k = 1
+            self._retrying = True
         self._idle_steps = 0
         started = time.perf_counter()
         drafts = self._proposer.propose(history, k)
@@ -78,6 +82,9 @@ class Speculator:
         rejected = 1 if accepted < len(guessed) and accepted < len(produced) else 0
         self._hits = DECAY * self._hits + accepted
         self._misses = DECAY * self._misses + rejected
+        if drafts and self._retrying:
+            self._retrying = False
+            self._retry_every = RETRY_EVERY if accepted else min(2 * self._retry_every, MAX_RETRY_EVERY)
         if drafts:
             self.rounds += 1
             self.drafted += len(drafts)
