@@ -21,7 +21,7 @@ from mlxkv_inference.engine.speculation import SpeculativeParams, StepCosts
 DECAY = 0.9  # weight of earlier rounds in the acceptance estimate
 RETRY_EVERY = 16
 MAX_RETRY_EVERY = 256
-GAIN_MARGIN = 1.05  # a longer round must beat the best shorter one by this much
+GAIN_MARGIN = 1.12  # a longer round must beat the best shorter one by this much (sampling and rollback are extra)
 
 
 class Speculator:
