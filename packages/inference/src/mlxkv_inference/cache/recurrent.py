@@ -2,8 +2,9 @@
 
 The state summarises every token seen, so it cannot be trimmed and holds no per-token bytes.
 Speculative rounds snapshot the state (MLX arrays are immutable, so a snapshot is a list of
-references); a rollback restores the pre-round state, and the engine replays the accepted tokens
-one at a time, exactly as ordinary decode would have fed them (see `engine/speculation.py`).
+references); a rollback restores the pre-round state, and the engine feeds the kept tokens again
+in one forward, bitwise what single steps give where the model passed the probe (see
+`engine/speculation.py`).
 """
 
 from __future__ import annotations
@@ -113,12 +114,9 @@ class RecurrentCache:
     def spec_round_commit(self) -> None:
         self._round = None
 
-    def spec_round_rollback(self, keep: int) -> None:
-        """Restore the pre-round state; the caller replays the first `keep` round tokens."""
+    def spec_round_rollback(self) -> None:
+        """Restore the pre-round state (the caller feeds the round's kept tokens again)."""
         if self._round is None:
             raise RuntimeError("no speculative round is open")
-        fed = self.offset - self._round[1]
-        if not 0 <= keep <= fed:
-            raise ValueError(f"keep={keep} must be within the {fed} tokens fed this round")
         self.cache, self.offset = list(self._round[0]), self._round[1]
         self._round = None

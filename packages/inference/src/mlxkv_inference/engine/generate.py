@@ -249,10 +249,6 @@ class Generation:
             return self._decoder(tokens)
         return self._binding.decode_positions(tokens, self.caches)
 
-    @property
-    def speculation(self) -> Speculator | None:
-        return self._speculator
-
     def accept(self, logits: mx.array | None) -> list[TextDelta]:
         """Take the next token(s): sampled from `logits` (L, vocab) of feeding `step_input()`
         (a speculative round's accepted drafts and the token after them), or, with None, a

@@ -22,8 +22,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-import mlx.core as mx
-
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.kv import RotatingKVCache
 from mlxkv_inference.cache.quantized import QuantizedKVCache
@@ -36,7 +34,7 @@ DEFAULT_NUM_DRAFT_TOKENS = 6
 MAX_NUM_DRAFT_TOKENS = 32
 PRIOR_POSITION_COST = 0.15  # cost of one more verified position, as a fraction of a step, until measured
 
-# Feeds tokens into caches through the model (a rolled-back round's kept positions).
+# Feeds tokens into caches through the model, evaluated (a rolled-back round's kept positions).
 Refeed = Callable[[list[int], list[LayerCache]], None]
 
 
@@ -104,11 +102,10 @@ class Round:
             return
         for layer, start in zip(self._caches, self._offsets):  # back to the round's start, then the kept positions again
             if isinstance(layer, RecurrentCache):
-                layer.spec_round_rollback(0)
+                layer.spec_round_rollback()
             else:
                 layer.trim(layer.offset - start)
         refeed(list(tokens[:n]), self._caches)
-        mx.eval([c.state for c in self._caches])
 
 
 class StepCosts:

@@ -39,7 +39,6 @@ class Speculator:
         self._draft_seconds = 0.0  # a draft model's seconds a drafted token (0 until measured)
         self.drafted = 0  # drafts verified
         self.accepted = 0  # drafts accepted
-        self.rounds = 0  # steps that verified at least one draft
 
     @property
     def acceptance(self) -> float:
@@ -86,7 +85,6 @@ class Speculator:
             self._retrying = False
             self._retry_every = RETRY_EVERY if accepted else min(2 * self._retry_every, MAX_RETRY_EVERY)
         if drafts:
-            self.rounds += 1
             self.drafted += len(drafts)
             self.accepted += min(accepted, len(produced) - 1)
 
