@@ -120,6 +120,6 @@ def test_recurrent_speculative_rollback_equals_never_speculating() -> None:
     binding.prefill(prompt, caches)
     spec = Round(caches, len(draft))
     binding.prefill(draft, caches)  # the verify pass feeds the whole draft at once
-    spec.keep(2, draft, lambda tokens, into: binding.prefill(tokens, into, len(tokens)))
+    spec.keep(2, draft, binding.feed)
     assert [c.offset for c in caches] == reference_offsets
     assert greedy_continue(binding, caches, draft[1], 8) == expected

@@ -97,12 +97,16 @@ class MlxAutoregressiveBinding:
         if chunk_size < 1:
             raise ValueError(f"prefill chunk size={chunk_size} must be >= 1")
         for start in range(0, len(tokens), chunk_size):
-            chunk = mx.array(list(tokens[start : start + chunk_size]))[None]
-            self._forward(chunk, caches)
-            mx.eval([c.state for c in caches])
+            self.feed(tokens[start : start + chunk_size], caches)
             mx.clear_cache()
             if on_chunk is not None:
                 on_chunk(min(start + chunk_size, len(tokens)))
+
+    def feed(self, tokens: Sequence[int], caches: list[LayerCache]) -> None:
+        """Feed `tokens` in one forward, evaluated (no logits kept), keeping MLX's buffer cache
+        for the next step (a prompt's chunks release it: see `prefill`)."""
+        self._forward(mx.array(list(tokens))[None], caches)
+        mx.eval([c.state for c in caches])
 
     def decode(self, tokens: mx.array, caches: list[LayerCache]) -> mx.array:
         """Feed 1-D `tokens` through the ordinary graph; (1, vocab) float32 logits of the last one."""

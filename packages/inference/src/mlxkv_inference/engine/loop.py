@@ -139,10 +139,7 @@ class SequenceRun:
         assert self._round is not None
         current, fed = self._round
         self._round = None
-        current.keep(kept, fed, self._refeed)
-
-    def _refeed(self, tokens: list[int], caches: list[LayerCache]) -> None:
-        self.binding.prefill(tokens, caches, len(tokens))
+        current.keep(kept, fed, self.binding.feed)
 
     def sample(self, logits: mx.array) -> TokenStep:
         """The token sampled from (1, vocab) `logits` of feeding `decode_input()` (evaluated)."""

@@ -11,7 +11,7 @@ from typing import Protocol
 
 import mlx.core as mx
 
-from mlxkv_inference.binding import MlxAutoregressiveBinding
+from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
 from mlxkv_inference.cache.contract import CacheTrimError
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.reuse import common_prefix, covered_tokens
@@ -78,8 +78,10 @@ class DraftModel:
             return []
         self._rewind(min(common_prefix(self._tokens, history), len(history) - 1))
         fresh = list(history[len(self._tokens) :])
-        if len(fresh) > 1:
+        if len(fresh) > DEFAULT_PREFILL_CHUNK:  # a whole prompt (the first proposal, or after a reset)
             self.binding.prefill(fresh[:-1], self._caches)
+        elif len(fresh) > 1:  # what the last round accepted: one step, no buffer-cache release
+            self.binding.feed(fresh[:-1], self._caches)
         logits = self.binding.decode(mx.array(fresh[-1:]), self._caches)
         self._tokens = list(history)
         drafts: list[int] = []
