@@ -13,7 +13,7 @@ from mlxkv_inference import Generation, GenerationParams, KvScheme, MlxAutoregre
 from mlxkv_inference.engine.generate import GenerationResult
 from mlxkv_inference.engine.proposers import PromptLookup
 from mlxkv_inference.engine.scheduler import BatchScheduler
-from mlxkv_inference.engine.speculation import SpeculativeParams, StepCosts, round_fits
+from mlxkv_inference.engine.speculation import SpeculativeMode, SpeculativeParams, StepCosts, round_fits
 from mlxkv_inference.engine.speculator import Speculator
 from mlxkv_inference.models.draft import layer_skip_draft
 from tests.factories import make_prompt, make_tiny_binding
@@ -50,12 +50,12 @@ def run(binding: MlxAutoregressiveBinding, prompt: list[int], sampling: Sampling
 @pytest.mark.parametrize("sampling", SAMPLINGS)
 @pytest.mark.parametrize("mode", ["prompt_lookup", "draft"])
 @pytest.mark.parametrize("name", MODELS)
-def test_speculation_gives_the_tokens_of_not_speculating(name: str, mode: str, sampling: str) -> None:
+def test_speculation_gives_the_tokens_of_not_speculating(name: str, mode: SpeculativeMode, sampling: str) -> None:
     binding = _binding(name)
     draft = layer_skip_draft(binding, MODELS[name][3]) if mode == "draft" else None
     prompt = repetitive_prompt(30)
     plain = run(binding, prompt, SAMPLINGS[sampling], SpeculativeParams())
-    spec = SpeculativeParams(mode=mode, num_draft_tokens=4, adaptive=False)  # type: ignore[arg-type]
+    spec = SpeculativeParams(mode=mode, num_draft_tokens=4, adaptive=False)
     fast = run(binding, prompt, SAMPLINGS[sampling], spec, draft)
     assert fast.token_ids == plain.token_ids
     assert fast.draft_tokens > 0  # rounds really ran

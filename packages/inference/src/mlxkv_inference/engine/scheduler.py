@@ -16,10 +16,9 @@ each row runs its own graph inside the same step: slower, still exact.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import time
 
 import mlx.core as mx
 
