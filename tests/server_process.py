@@ -12,6 +12,22 @@ import httpx
 from tests.serving import free_port
 
 
+def wait_until_healthy(name: str, process: subprocess.Popen[bytes], url: str, log: Path, timeout: float) -> None:
+    """Poll `url`/health until it answers 200; a process that exits or stays unhealthy raises
+    with its log."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited early:\n{log.read_text()}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{name} did not become healthy:\n{log.read_text()}")
+
+
 class ServerProcess:
     def __init__(self, cache_dir: Path, *extra: str) -> None:
         self.port = free_port()
@@ -21,20 +37,7 @@ class ServerProcess:
         command = [str(Path(sys.executable).parent / "mlxkv"), "serve", "--port", str(self.port),
                    "--ssd-cache", str(cache_dir), "--log-level", "warning", *extra]
         self.process = subprocess.Popen(command, stdout=self._log_file, stderr=subprocess.STDOUT)
-        self._wait_healthy(120)
-
-    def _wait_healthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"mlxkv serve exited early:\n{self.log.read_text()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"mlxkv serve did not become healthy:\n{self.log.read_text()}")
+        wait_until_healthy("mlxkv serve", self.process, self.url, self.log, 120)
 
     def stop(self) -> None:
         if self.process.poll() is None:

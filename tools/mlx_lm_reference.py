@@ -16,12 +16,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from mlxkv_inference.models.embedded import embedded_model_path  # first: the BLAS shim precedes mlx
 from mlxkv_inference.models.gguf import load_gguf
@@ -30,6 +27,7 @@ from mlxkv_inference.tokenizer.gguf_tokenizer import GgufTokenizer
 import mlx.core as mx  # noqa: E402, I001
 import mlx.nn as nn
 from mlx.utils import tree_flatten
+from tests.server_process import wait_until_healthy
 from tests.serving import free_port
 
 
@@ -94,20 +92,7 @@ class MlxLmServer:
                    "--prompt-cache-size", "0", "--log-level", "WARNING", *extra]
         environment = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         self.process = subprocess.Popen(command, stdout=self._log_file, stderr=subprocess.STDOUT, env=environment)
-        self._wait_healthy(300)
-
-    def _wait_healthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"mlx_lm.server exited early:\n{self.log.read_text()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"mlx_lm.server did not become healthy:\n{self.log.read_text()}")
+        wait_until_healthy("mlx_lm.server", self.process, self.url, self.log, 300)
 
     def stop(self) -> None:
         if self.process.poll() is None:
