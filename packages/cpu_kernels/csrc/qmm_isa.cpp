@@ -201,37 +201,10 @@ inline void prefetch_next_rows(const uint8_t* next_rows, int64_t block, int byte
   for (int off = 0; off < bytes_per_block; off += 64) __builtin_prefetch(p + off);
 }
 
-// One row, C columns: the weights are dequantized in registers and used at once. The arithmetic
-// is exactly micro<1, C> on a dequantized panel (same fma(q, s, b), same chain), without the
-// panel's store and reload, which is most of a GEMV's cost.
-template <int C>
-void gemv(const QmmArgs& a, int64_t m, int64_t n) {
-  const int64_t row_bytes = a.K * a.bits / 8, groups = a.K / a.group_size;
-  const float* x = a.x + m * a.K;
-  V16 acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = V16::zero();
-  for (int64_t g = 0; g < groups; ++g) {
-    float s[C], b[C];
-    for (int c = 0; c < C; ++c) {
-      s[c] = param(a, a.scales, (n + c) * groups + g);
-      b[c] = param(a, a.biases, (n + c) * groups + g);
-    }
-    for (int64_t k = g * a.group_size; k < (g + 1) * a.group_size; k += 32) {
-      prefetch_next_rows(a.w + (n + C) * row_bytes, k / 32, 4 * C * a.bits);
-      V16 x_even = V16::load(x + k), x_odd = V16::load(x + k + 16);
-      for (int c = 0; c < C; ++c) {
-        V16 even, odd;
-        dequant32(a.w + (n + c) * row_bytes + k * a.bits / 8, a.bits, s[c], b[c], even, odd);
-        acc[c].fma(x_even, even);
-        acc[c].fma(x_odd, odd);
-      }
-    }
-  }
-  for (int c = 0; c < C; ++c) a.y[m * a.N + n + c] = reduce16(acc[c]);
-}
-
-// gemv<C> for R rows (R <= 4): each block's dequantized weights serve all R rows from registers.
-// Every element is gemv's chain, so a row gets the same bits alone or among a few.
+// R rows (R <= 4), C columns: each block's weights are dequantized in registers and serve all R
+// rows at once. The arithmetic is exactly micro<R, C> on a dequantized panel (same fma(q, s, b),
+// same chain), without the panel's store and reload, which is most of a GEMV's cost (R = 1); so a
+// row gets the same bits alone or among a few.
 template <int R, int C>
 void gemv_rows(const QmmArgs& a, int64_t m, int64_t n) {
   const int64_t row_bytes = a.K * a.bits / 8, groups = a.K / a.group_size;
@@ -246,6 +219,7 @@ void gemv_rows(const QmmArgs& a, int64_t m, int64_t n) {
       b[c] = param(a, a.biases, (n + c) * groups + g);
     }
     for (int64_t k = g * a.group_size; k < (g + 1) * a.group_size; k += 32) {
+      prefetch_next_rows(a.w + (n + C) * row_bytes, k / 32, 4 * C * a.bits);
       V16 even[C], odd[C];
       for (int c = 0; c < C; ++c) dequant32(a.w + (n + c) * row_bytes + k * a.bits / 8, a.bits, s[c], b[c], even[c], odd[c]);
       for (int r = 0; r < R; ++r) {
@@ -284,7 +258,7 @@ constexpr int64_t kFewRows = 4;  // one tile: above it, dequantizing once into t
 #if QMM_ISA == 3
 constexpr int64_t kTableRows = 16;  // the table's lookups are cheap enough to redo per 4-row tile
 
-// gemv<C> for 4-bit codes on AVX-512: vpermps reads only the low 4 bits of each index, so the
+// gemv_rows for 4-bit codes on AVX-512: vpermps reads only the low 4 bits of each index, so the
 // group's 16 possible weights fma(q, s, b), q = 0..15, computed once per group and column, are
 // looked up instead of masked, converted and fma'd per code. Same floats, same chain, same bits.
 template <typename P>
@@ -297,51 +271,15 @@ inline __m512 group_table(const P* scales, const P* biases, int64_t g) {
   }
 }
 
-template <int C, typename P>
-void gemv4_table(const QmmArgs& a, int64_t m, int64_t n) {
-  const int64_t row_bytes = a.K / 2, groups = a.K / a.group_size, blocks_per_group = a.group_size / 32;
-  const float* x = a.x + m * a.K;
-  const uint8_t* w = a.w + n * row_bytes;
-  const uint8_t* next = w + C * row_bytes + 256;  // prefetch: the next call's rows, 4 lines ahead
-  const P* scales = static_cast<const P*>(a.scales) + n * groups;
-  const P* biases = static_cast<const P*>(a.biases) + n * groups;
-  __m512 acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g) {
-    __m512 table[C];
-    for (int c = 0; c < C; ++c) table[c] = group_table(scales + c * groups, biases + c * groups, g);
-    for (int64_t j = 0; j < blocks_per_group; ++j) {
-      for (int off = 0; off < 16 * C; off += 64) __builtin_prefetch(next + off);
-      next += 16 * C;
-      const __m512 x_even = _mm512_loadu_ps(x), x_odd = _mm512_loadu_ps(x + 16);
-      for (int c = 0; c < C; ++c) {
-        const __m512i codes =
-            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c * row_bytes)));
-        acc[c] = _mm512_fmadd_ps(x_even, _mm512_permutexvar_ps(codes, table[c]), acc[c]);
-        acc[c] = _mm512_fmadd_ps(x_odd, _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table[c]), acc[c]);
-      }
-      x += 32;
-      w += 16;
-    }
-  }
-  for (int c = 0; c < C; ++c) a.y[m * a.N + n + c] = reduce16(V16{acc[c]});
-}
-
-template <typename P>
-void gemv4_table_range(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
-  int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) gemv4_table<4, P>(a, m, n);
-  for (; n < n1; ++n) gemv4_table<1, P>(a, m, n);
-}
-
 // R rows (R <= 4) x C columns with the table: each block's looked-up weights serve all R rows
-// from registers. Every element is gemv4_table's chain (same weights, same fma order), so a row
-// gets the same bits alone, in a speculative round's few positions or in a small batch.
+// from registers. Every element is gemv_rows' chain (same weights, same fma order), so a row gets
+// the same bits alone, in a speculative round's few positions or in a small batch.
 template <int R, int C, typename P>
 void rows4_table(const QmmArgs& a, int64_t m, int64_t n) {
   const int64_t row_bytes = a.K / 2, groups = a.K / a.group_size, blocks_per_group = a.group_size / 32;
   const float* x = a.x + m * a.K;
   const uint8_t* w = a.w + n * row_bytes;
+  const uint8_t* next = w + C * row_bytes + 256;  // prefetch: the next call's rows, 4 lines ahead
   const P* scales = static_cast<const P*>(a.scales) + n * groups;
   const P* biases = static_cast<const P*>(a.biases) + n * groups;
   __m512 acc[R][C];
@@ -352,6 +290,8 @@ void rows4_table(const QmmArgs& a, int64_t m, int64_t n) {
     __m512 table[C];
     for (int c = 0; c < C; ++c) table[c] = group_table(scales + c * groups, biases + c * groups, g);
     for (int64_t j = 0; j < blocks_per_group; ++j, k += 32, w += 16) {
+      for (int off = 0; off < 16 * C; off += 64) __builtin_prefetch(next + off);
+      next += 16 * C;
       __m512 even[C], odd[C];
       for (int c = 0; c < C; ++c) {
         const __m512i codes =
@@ -387,26 +327,24 @@ void rows_table(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1
       case 4: rows4_table_range<4, P>(a, n0, n1, m); break;
       case 3: rows4_table_range<3, P>(a, n0, n1, m); break;
       case 2: rows4_table_range<2, P>(a, n0, n1, m); break;
-      default: gemv4_table_range<P>(a, n0, n1, m); break;
+      default: rows4_table_range<1, P>(a, n0, n1, m); break;
     }
   }
 }
 #endif
 
 void run_gemv(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
-  int64_t n = n0;
 #if QMM_ISA == 3
   if (a.bits == 4) {
     if (a.scales_f16) {
-      gemv4_table_range<uint16_t>(a, n0, n1, m);
+      rows4_table_range<1, uint16_t>(a, n0, n1, m);
     } else {
-      gemv4_table_range<float>(a, n0, n1, m);
+      rows4_table_range<1, float>(a, n0, n1, m);
     }
     return;
   }
 #endif
-  for (; n + 4 <= n1; n += 4) gemv<4>(a, m, n);
-  for (; n < n1; ++n) gemv<1>(a, m, n);
+  gemv_rows_range<1>(a, n0, n1, m);
 }
 
 void run_range(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel) {
