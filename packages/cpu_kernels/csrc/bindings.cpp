@@ -1,6 +1,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
 
 #include "primitive.h"
 #include "qmm.h"
@@ -24,6 +25,10 @@ NB_MODULE(_ext, m) {
   m.def("quantized_matmul", &mlxkv::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
         "group_size"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
         "y = x @ dequant(w, scales, biases)^T (MLX affine layout, transpose=True).");
+  m.def("attend", &mlxkv::attend, "q"_a, "k"_a, "v"_a, "positions"_a, "buffers"_a, "rows"_a, "scale"_a,
+        nb::kw_only(), "stream"_a = nb::none(),
+        "Writes each sequence's new k, v rows into its (1, Hkv, capacity, D) buffers and attends causally; "
+        "returns [out (R, Hq, D), keys_0, values_0, ...].");
   m.def("num_threads", &mlxkv::num_threads, "Threads the kernel splits output features over.");
   m.def("set_num_threads", &mlxkv::set_num_threads, "n"_a);
   m.def("isa", [] { return std::string(mlxkv::isa_name(mlxkv::current_isa())); });

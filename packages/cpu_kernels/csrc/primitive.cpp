@@ -1,9 +1,12 @@
 #include "primitive.h"
 
+#include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "attention.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "qmm.h"
 
@@ -11,8 +14,8 @@ namespace mlxkv {
 
 namespace {
 
-void check(bool ok, const std::string& message) {
-  if (!ok) throw std::invalid_argument("quantized_matmul: " + message);
+void check(bool ok, const std::string& message, const char* op = "quantized_matmul") {
+  if (!ok) throw std::invalid_argument(std::string(op) + ": " + message);
 }
 
 // dst = the elements of a strided array, in row-major order.
@@ -122,6 +125,150 @@ std::vector<mx::Shape> NativeQuantizedMatmul::output_shapes(const std::vector<mx
 bool NativeQuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const NativeQuantizedMatmul&>(other);
   return group_size_ == o.group_size_ && bits_ == o.bits_;
+}
+
+std::vector<mx::array> attend(
+    const mx::array& q, const mx::array& k, const mx::array& v, const mx::array& positions,
+    const std::vector<mx::array>& buffers, std::vector<int> rows, float scale, mx::StreamOrDevice s) {
+  auto fail = [](bool ok, const std::string& message) { check(ok, message, "attend"); };
+  fail(q.dtype() == mx::float32 && k.dtype() == mx::float32 && v.dtype() == mx::float32,
+       "q, k and v must be float32");
+  fail(q.ndim() == 3 && k.ndim() == 3 && v.shape() == k.shape(), "q must be (R, Hq, D), k and v (R, Hkv, D)");
+  const int R = q.shape(0), heads = q.shape(1), dim = q.shape(2), kv_heads = k.shape(1);
+  fail(k.shape(0) == R && k.shape(2) == dim, "k must have q's rows and head size");
+  fail(kv_heads > 0 && heads % kv_heads == 0, "query heads must be a multiple of kv heads");
+  fail(dim % 16 == 0 && dim <= 256, "head size must be a multiple of 16, at most 256");
+  fail(positions.dtype() == mx::int32 && positions.ndim() == 1 && positions.shape(0) == int(rows.size()),
+       "positions must be int32 with one entry per sequence");
+  fail(buffers.size() == 2 * rows.size(), "need a keys and a values buffer per sequence");
+  int total = 0;
+  for (int n : rows) {
+    fail(n >= 1, "each sequence needs at least one row");
+    total += n;
+  }
+  fail(total == R, "rows per sequence must add up to q's rows");
+  std::vector<mx::Shape> shapes{q.shape()};
+  std::vector<mx::Dtype> dtypes{mx::float32};
+  for (const auto& b : buffers) {
+    fail(b.dtype() == mx::float32 && b.ndim() == 4 && b.shape(0) == 1 && b.shape(1) == kv_heads &&
+             b.shape(3) == dim,
+         "buffers must be float32 of shape (1, Hkv, capacity, D)");
+    shapes.push_back(b.shape());
+    dtypes.push_back(mx::float32);
+  }
+  auto stream = mx::to_stream(s);
+  fail(stream.device == mx::Device::cpu, "the native kernel runs on the CPU device only");
+  std::vector<mx::array> inputs{q, k, v, positions};
+  inputs.insert(inputs.end(), buffers.begin(), buffers.end());
+  return mx::array::make_arrays(std::move(shapes), dtypes,
+                                std::make_shared<NativeAttention>(stream, std::move(rows), scale), inputs);
+}
+
+void NativeAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  // NOTE: every output of a multi-output primitive holds its own copy of the inputs, so no
+  // buffer would ever look donatable (is_donatable wants one reference). MLX drops the siblings'
+  // inputs right after this call anyway (array::detach); dropping them first leaves a buffer with
+  // one reference exactly when nothing else (a Python handle, a clone) still holds it.
+  if (std::none_of(outputs.begin(), outputs.end(), [](const mx::array& o) { return o.is_tracer(); })) {
+    for (auto& o : outputs) {
+      if (&o.inputs() != &inputs) o.inputs().clear();
+    }
+  }
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& in : inputs) encoder.set_input_array(in);
+  outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
+  struct Buffer {
+    const float* src;
+    float* dst;
+    mx::Shape shape;
+    mx::Strides strides;
+    bool copy, dense;
+    int64_t size;
+  };
+  std::vector<Buffer> buffers;
+  for (size_t i = 4; i < inputs.size(); ++i) {
+    const mx::array& in = inputs[i];
+    mx::array& out = outputs[i - 3];
+    const bool donate = in.is_donatable() && in.flags().row_contiguous;
+    if (donate) {
+      out.copy_shared_buffer(in);
+    } else {
+      out.set_data(mx::allocator::malloc(out.nbytes()));
+    }
+    buffers.push_back({in.data<float>(), out.data<float>(), in.shape(), in.strides(), !donate,
+                       in.flags().row_contiguous, int64_t(in.size())});
+  }
+  for (auto& out : outputs) encoder.set_output_array(out);
+  struct Dense {
+    const float* data;
+    mx::Shape shape;
+    mx::Strides strides;
+    bool dense;
+    int64_t size;
+  };
+  auto dense = [](const mx::array& a) {
+    return Dense{a.data<float>(), a.shape(), a.strides(), a.flags().row_contiguous, int64_t(a.size())};
+  };
+  const int64_t heads = inputs[0].shape(1), kv_heads = inputs[1].shape(1), dim = inputs[0].shape(2);
+  encoder.dispatch([q = dense(inputs[0]), k = dense(inputs[1]), v = dense(inputs[2]),
+                    positions = inputs[3].data<int32_t>(), out = outputs[0].data<float>(),
+                    buffers = std::move(buffers), rows = rows_, scale = scale_, heads, kv_heads, dim]() {
+    for (const auto& b : buffers) {
+      if (!b.copy) continue;
+      if (b.dense) {
+        std::memcpy(b.dst, b.src, size_t(b.size) * sizeof(float));
+      } else {
+        gather(b.src, b.shape, b.strides, b.dst);
+      }
+    }
+    thread_local std::vector<float> qkv;
+    auto read = [](const Dense& a, float* scratch) {
+      if (a.dense) return a.data;
+      gather(a.data, a.shape, a.strides, scratch);
+      return static_cast<const float*>(scratch);
+    };
+    qkv.resize(size_t(q.size + k.size + v.size));
+    const float* qd = read(q, qkv.data());
+    const float* kd = read(k, qkv.data() + q.size);
+    const float* vd = read(v, qkv.data() + q.size + k.size);
+    std::vector<AttnSequence> sequences;
+    int64_t first = 0;
+    for (size_t s = 0; s < rows.size(); ++s) {
+      const Buffer& kb = buffers[2 * s];
+      const Buffer& vb = buffers[2 * s + 1];
+      const int64_t capacity = kb.shape[2];
+      // NOTE: the caller reserves the capacity; a position past it (a bug upstream) writes and
+      // attends only what fits rather than running off the buffer.
+      const int64_t position = std::clamp<int64_t>(positions[s], 0, capacity - 1);
+      const int64_t n = std::min<int64_t>(rows[s], capacity - position);
+      for (int64_t j = 0; j < n; ++j) {
+        for (int64_t g = 0; g < kv_heads; ++g) {
+          const int64_t src = ((first + j) * kv_heads + g) * dim, dst = (g * capacity + position + j) * dim;
+          std::memcpy(kb.dst + dst, kd + src, size_t(dim) * sizeof(float));
+          std::memcpy(vb.dst + dst, vd + src, size_t(dim) * sizeof(float));
+        }
+      }
+      sequences.push_back({kb.dst, vb.dst, capacity, position, first, n});
+      first += rows[s];
+    }
+    AttnArgs args{qd, out, sequences.data(), int64_t(sequences.size()), heads, kv_heads, dim, scale};
+    attention_run(args);
+  });
+}
+
+void NativeAttention::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("MlxkvNativeAttention has no GPU implementation");
+}
+
+std::vector<mx::Shape> NativeAttention::output_shapes(const std::vector<mx::array>& inputs) {
+  std::vector<mx::Shape> shapes{inputs[0].shape()};
+  for (size_t i = 4; i < inputs.size(); ++i) shapes.push_back(inputs[i].shape());
+  return shapes;
+}
+
+bool NativeAttention::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const NativeAttention&>(other);
+  return rows_ == o.rows_ && scale_ == o.scale_;
 }
 
 }  // namespace mlxkv

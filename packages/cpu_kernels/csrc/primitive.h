@@ -29,4 +29,30 @@ class NativeQuantizedMatmul : public mx::Primitive {
   int bits_;
 };
 
+// Writes each sequence's new keys and values into its buffers, then attends causally (see
+// attention.h). q (R, Hq, D), k and v (R, Hkv, D), float32; positions int32 (S,), the absolute
+// position of each sequence's first row; buffers: S (keys, values) pairs of shape
+// (1, Hkv, capacity, D) float32 with capacity >= position + rows; rows[s] consecutive rows per
+// sequence. Returns [out (R, Hq, D), keys_0, values_0, ...]: the buffers with the rows written
+// (in place when MLX can donate them, otherwise copies).
+std::vector<mx::array> attend(
+    const mx::array& q, const mx::array& k, const mx::array& v, const mx::array& positions,
+    const std::vector<mx::array>& buffers, std::vector<int> rows, float scale, mx::StreamOrDevice s = {});
+
+class NativeAttention : public mx::Primitive {
+ public:
+  NativeAttention(mx::Stream stream, std::vector<int> rows, float scale)
+      : mx::Primitive(stream), rows_(std::move(rows)), scale_(scale) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+  const char* name() const override { return "MlxkvNativeAttention"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  std::vector<int> rows_;
+  float scale_;
+};
+
 }  // namespace mlxkv

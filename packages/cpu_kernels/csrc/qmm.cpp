@@ -93,6 +93,17 @@ void set_num_threads(int n) {
   pool = std::make_unique<ThreadPool>(n);
 }
 
+void pool_run(const std::function<int64_t(int)>& plan, const std::function<void(int64_t, int)>& task) {
+  std::lock_guard<std::mutex> lock(pool_mutex);
+  ThreadPool& tp = get_pool();
+  const int64_t total = plan(tp.size());
+  if (total == 1) {
+    task(0, 0);
+  } else if (total > 1) {
+    tp.run(total, task);
+  }
+}
+
 namespace {
 
 // Each block of 32 floats of every row of x becomes its 16 even then its 16 odd elements: the

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 namespace mlxkv {
 
@@ -56,5 +57,9 @@ const char* isa_name(Isa isa);
 
 int num_threads();
 void set_num_threads(int n);
+
+// Runs task(chunk, thread) for chunks 0..plan(pool size)-1 on the kernels' thread pool, one job
+// at a time; plan also sizes the caller's per-thread scratch.
+void pool_run(const std::function<int64_t(int)>& plan, const std::function<void(int64_t, int)>& task);
 
 }  // namespace mlxkv

@@ -10,6 +10,17 @@ def quantized_matmul(
     *,
     stream: mx.Stream | mx.Device | None = None,
 ) -> mx.array: ...
+def attend(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    positions: mx.array,
+    buffers: list[mx.array],
+    rows: list[int],
+    scale: float,
+    *,
+    stream: mx.Stream | mx.Device | None = None,
+) -> list[mx.array]: ...
 def num_threads() -> int: ...
 def set_num_threads(n: int) -> None: ...
 def isa() -> str: ...

@@ -1,0 +1,169 @@
+// One instruction set's attention kernel (see attention.h); compiled three times like qmm_isa.cpp,
+// with the same rule: an anonymous namespace and no std templates.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "attention.h"
+
+#if QMM_ISA >= 2
+#include <immintrin.h>
+#endif
+
+namespace mlxkv {
+namespace {
+
+#include "lanes.h"
+
+constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer in the low bits
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kExpFloor = -87.0f;  // 2^n stays a normal float
+constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f,
+                kP3 = 4.1665795894e-2f, kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
+
+// out[i] = exp(in[i] - shift) for 16 lanes with in[i] <= shift: Cephes' expf, one rounding per
+// operation (fma where it says fma), so every instruction set gives the same bits.
+inline void exp16(const float* in, float shift, float* out) {
+#if QMM_ISA == 3
+  __m512 x = _mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(in), _mm512_set1_ps(shift)), _mm512_set1_ps(kExpFloor));
+  const __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), _mm512_set1_ps(kMagic));
+  const __m512 n = _mm512_sub_ps(t, _mm512_set1_ps(kMagic));
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Hi), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kP0);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP1));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP5));
+  __m512 y = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+  y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(_mm512_set1_ps(kMagic)));
+  const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(127)), 23));
+  _mm512_storeu_ps(out, _mm512_mul_ps(y, scale));
+#elif QMM_ISA == 2
+  for (int h = 0; h < 16; h += 8) {
+    __m256 x = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(in + h), _mm256_set1_ps(shift)), _mm256_set1_ps(kExpFloor));
+    const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), _mm256_set1_ps(kMagic));
+    const __m256 n = _mm256_sub_ps(t, _mm256_set1_ps(kMagic));
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Hi), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo), r);
+    __m256 p = _mm256_set1_ps(kP0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP5));
+    __m256 y = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(_mm256_set1_ps(kMagic)));
+    const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(127)), 23));
+    _mm256_storeu_ps(out + h, _mm256_mul_ps(y, scale));
+  }
+#else
+  for (int i = 0; i < 16; ++i) {
+    float x = in[i] - shift;
+    x = x > kExpFloor ? x : kExpFloor;  // max_ps(x, floor): x where x > floor, else floor
+    const float t = std::fmaf(x, kLog2e, kMagic);
+    const float n = t - kMagic;
+    float r = std::fmaf(n, -kLn2Hi, x);
+    r = std::fmaf(n, -kLn2Lo, r);
+    float p = kP0;
+    p = std::fmaf(p, r, kP1);
+    p = std::fmaf(p, r, kP2);
+    p = std::fmaf(p, r, kP3);
+    p = std::fmaf(p, r, kP4);
+    p = std::fmaf(p, r, kP5);
+    float y = std::fmaf(p, r * r, r);
+    y = y + 1.0f;
+    int32_t tb, mb;
+    std::memcpy(&tb, &t, 4);
+    const float magic = kMagic;
+    std::memcpy(&mb, &magic, 4);
+    const int32_t sb = int32_t(uint32_t(tb - mb + 127) << 23);
+    float scale;
+    std::memcpy(&scale, &sb, 4);
+    out[i] = y * scale;
+  }
+#endif
+}
+
+// w[0..n) = exp(score - max) in place, w[n..padded) = 0; returns 1 / sum(w) summed as attention.h says.
+inline float softmax_in_place(float* w, int64_t n) {
+  float top = w[0];
+  for (int64_t t = 1; t < n; ++t) top = w[t] > top ? w[t] : top;
+  const int64_t padded = (n + 15) / 16 * 16;
+  for (int64_t t = n; t < padded; ++t) w[t] = top;
+  V16 sum = V16::zero();
+  const V16 one = V16::set1(1.0f);
+  for (int64_t t = 0; t < padded; t += 16) {
+    exp16(w + t, top, w + t);
+    if (t + 16 > n) {
+      for (int64_t i = n; i < padded; ++i) w[i] = 0.0f;
+    }
+    sum.fma(V16::load(w + t), one);  // w * 1 + sum: exactly an add
+  }
+  return 1.0f / reduce16(sum);
+}
+
+void attend(const AttnArgs& a, const AttnSequence& s, int64_t r0, int64_t r1, int64_t g0, int64_t g1,
+            float* scratch) {
+  const int64_t D = a.dim, group = a.heads / a.kv_heads, chunks = D / 16;
+  V16 acc[16];  // D <= 256
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t n = s.position + (r - s.first_row) + 1;
+    const int64_t stride = (n + 15) / 16 * 16;
+    for (int64_t g = g0; g < g1; ++g) {
+      const float* keys = s.keys + g * s.capacity * D;
+      const float* values = s.values + g * s.capacity * D;
+      const float* q = a.q + (r * a.heads + g * group) * D;
+      for (int64_t t = 0; t < n; ++t) {
+        const float* k = keys + t * D;
+        for (int64_t i = 0; i < group; ++i) {
+          V16 dot = V16::zero();
+          for (int64_t c = 0; c < chunks; ++c) dot.fma(V16::load(q + i * D + 16 * c), V16::load(k + 16 * c));
+          scratch[i * stride + t] = reduce16(dot) * a.scale;
+        }
+      }
+      for (int64_t i = 0; i < group; ++i) {
+        float* w = scratch + i * stride;
+        const float inv = softmax_in_place(w, n);
+        for (int64_t c = 0; c < chunks; ++c) acc[c] = V16::zero();
+        for (int64_t t = 0; t < n; ++t) {
+          const V16 wt = V16::set1(w[t]);
+          const float* v = values + t * D;
+          for (int64_t c = 0; c < chunks; ++c) acc[c].fma(wt, V16::load(v + 16 * c));
+        }
+        float* out = a.out + (r * a.heads + g * group + i) * D;
+        const V16 vinv = V16::set1(inv);
+        for (int64_t c = 0; c < chunks; ++c) {
+          V16 o = V16::zero();
+          o.fma(acc[c], vinv);  // acc * inv + 0: exactly a product
+          o.store(out + 16 * c);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+#if QMM_ISA == 3
+void attend_avx512(const AttnArgs& a, const AttnSequence& s, int64_t r0, int64_t r1, int64_t g0, int64_t g1,
+                   float* scratch) {
+  attend(a, s, r0, r1, g0, g1, scratch);
+}
+#elif QMM_ISA == 2
+void attend_avx2(const AttnArgs& a, const AttnSequence& s, int64_t r0, int64_t r1, int64_t g0, int64_t g1,
+                 float* scratch) {
+  attend(a, s, r0, r1, g0, g1, scratch);
+}
+#else
+void attend_generic(const AttnArgs& a, const AttnSequence& s, int64_t r0, int64_t r1, int64_t g0, int64_t g1,
+                    float* scratch) {
+  attend(a, s, r0, r1, g0, g1, scratch);
+}
+#endif
+
+}  // namespace mlxkv

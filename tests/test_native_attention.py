@@ -1,0 +1,152 @@
+"""The native attention kernel (mlxkv-cpu-kernels `attend`): agreement with MLX's attention, a
+row's output independent of everything but its query and its keys, and buffer semantics.
+
+Model-free random tensors here; the models' use of it is pinned in test_batching.py and
+test_speculative.py (native tiny models) and test_native_kernels_embedded.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+import mlxkv_inference  # noqa: F401  (loads the BLAS shim before mlx, as the app does)
+
+if sys.platform != "linux":
+    pytest.skip("mlxkv-cpu-kernels is a Linux-only package", allow_module_level=True)
+
+import mlx.core as mx
+from mlxkv_cpu_kernels import ops
+
+
+def attend(q: mx.array, k: mx.array, v: mx.array, positions: list[int], buffers: list[mx.array],
+           rows: list[int]) -> tuple[mx.array, list[mx.array]]:
+    out, *written = ops.attend(q, k, v, mx.array(positions, dtype=mx.int32), buffers, rows,
+                               q.shape[-1] ** -0.5)
+    return out, written
+
+
+def tensors(rows: int, heads: int, kv_heads: int, dim: int, seed: int) -> tuple[mx.array, mx.array, mx.array]:
+    keys = mx.random.split(mx.random.key(seed), 3)
+    return (mx.random.normal((rows, heads, dim), key=keys[0]), mx.random.normal((rows, kv_heads, dim), key=keys[1]),
+            mx.random.normal((rows, kv_heads, dim), key=keys[2]))
+
+
+def empty(kv_heads: int, dim: int, capacity: int = 64) -> list[mx.array]:
+    return [mx.zeros((1, kv_heads, capacity, dim)), mx.zeros((1, kv_heads, capacity, dim))]
+
+
+def heads_first(a: mx.array) -> mx.array:
+    """(R, H, D) rows as MLX's (1, H, R, D)."""
+    return a.transpose(1, 0, 2)[None]
+
+
+@pytest.fixture
+def restore_isa() -> Iterator[None]:
+    isa, threads = ops.isa(), ops.num_threads()
+    yield
+    ops.set_isa(isa)
+    ops.set_num_threads(threads)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 4, 16), (9, 3, 64), (8, 2, 128)])
+def test_matches_mlx_causal_attention_and_writes_the_rows(heads: int, kv_heads: int, dim: int) -> None:
+    # 7 positions already in the buffers, 13 new ones attending causally from position 7.
+    old_q, old_k, old_v = tensors(7, heads, kv_heads, dim, seed=1)
+    q, k, v = tensors(13, heads, kv_heads, dim, seed=2)
+    _, buffers = attend(old_q, old_k, old_v, [0], empty(kv_heads, dim), [7])
+    out, written = attend(q, k, v, [7], buffers, [13])
+    all_k, all_v = mx.concatenate([old_k, k]), mx.concatenate([old_v, v])
+    want = mx.fast.scaled_dot_product_attention(heads_first(q), heads_first(all_k), heads_first(all_v),
+                                                scale=dim ** -0.5, mask="causal")
+    assert out.shape == (13, heads, dim)
+    assert mx.allclose(heads_first(out), want, atol=1e-5, rtol=1e-5).item()
+    assert mx.array_equal(written[0][0, :, :20], heads_first(all_k)[0]).item()
+    assert mx.array_equal(written[1][0, :, :20], heads_first(all_v)[0]).item()
+    assert (written[0][0, :, 20:] == 0).all().item()
+
+
+def test_a_row_is_bitwise_the_same_fed_alone_in_a_chunk_or_next_to_other_sequences() -> None:
+    heads, kv_heads, dim, n = 6, 2, 32, 40
+    q, k, v = tensors(n, heads, kv_heads, dim, seed=3)
+    together, _ = attend(q, k, v, [0], empty(kv_heads, dim), [n])
+    buffers, alone = empty(kv_heads, dim), []
+    for r in range(n):
+        out, buffers = attend(q[r : r + 1], k[r : r + 1], v[r : r + 1], [r], buffers, [1])
+        alone.append(out)
+    assert mx.array_equal(mx.concatenate(alone), together).item()
+    # Chunks of 5 and 35, the second next to another sequence's 3 rows at another position.
+    first, buffers = attend(q[:5], k[:5], v[:5], [0], empty(kv_heads, dim), [5])
+    oq, ok, ov = tensors(3, heads, kv_heads, dim, seed=4)
+    _, other = attend(oq, ok, ov, [0], empty(kv_heads, dim), [3])
+    second, _ = attend(mx.concatenate([oq, q[5:]]), mx.concatenate([ok, k[5:]]), mx.concatenate([ov, v[5:]]),
+                       [3, 5], other + buffers, [3, 35])
+    assert mx.array_equal(mx.concatenate([first, second[3:]]), together).item()
+
+
+@pytest.mark.usefixtures("restore_isa")
+def test_every_instruction_set_and_thread_count_gives_the_same_bits() -> None:
+    q, k, v = tensors(300, 9, 3, 64, seed=5)  # enough work to split over threads
+    reference, _ = attend(q, k, v, [0], empty(3, 64, 512), [300])
+    for isa in ("avx512", "avx2", "generic"):
+        if isa == "avx512" and ops.best_isa() != "avx512" or isa == "avx2" and ops.best_isa() == "generic":
+            continue
+        ops.set_isa(isa)
+        for threads in (1, 2, 3):
+            ops.set_num_threads(threads)
+            assert mx.array_equal(attend(q, k, v, [0], empty(3, 64, 512), [300])[0], reference).item(), (isa, threads)
+
+
+def test_a_buffer_someone_still_holds_is_copied_not_overwritten() -> None:
+    q, k, v = tensors(2, 4, 2, 16, seed=6)
+    buffers = empty(2, 16)
+    mx.eval(buffers)
+    held = buffers[0]
+    _, written = attend(q, k, v, [0], buffers, [2])
+    mx.eval(written)
+    assert (held == 0).all().item()
+    assert mx.array_equal(written[0][0, :, :2], heads_first(k)[0]).item()
+
+
+def test_compiled_call_matches_the_eager_one_with_the_position_as_an_input() -> None:
+    q, k, v = tensors(1, 4, 2, 16, seed=7)
+    _, buffers = attend(*tensors(9, 4, 2, 16, seed=8), [0], empty(2, 16), [9])
+
+    def step(q: mx.array, k: mx.array, v: mx.array, position: mx.array, keys: mx.array, values: mx.array) -> list[mx.array]:
+        return ops.attend(q, k, v, position, [keys, values], [1], 0.25)
+
+    eager = step(q, k, v, mx.array([9], dtype=mx.int32), *buffers)
+    compiled = mx.compile(step)(q, k, v, mx.array([9], dtype=mx.int32), *buffers)
+    assert all(mx.array_equal(a, b).item() for a, b in zip(eager, compiled))
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ("dtype", "float32"),
+    ("heads", "multiple of kv heads"),
+    ("dim", "multiple of 16"),
+    ("rows", "add up"),
+    ("positions", "int32"),
+    ("buffers", "keys and a values buffer"),
+    ("buffer_shape", "(1, Hkv, capacity, D)"),
+])
+def test_bad_arguments_are_value_errors(change: str, message: str) -> None:
+    q, k, v = tensors(3, 4, 2, 16, seed=9)
+    positions, buffers, rows = mx.array([0], dtype=mx.int32), empty(2, 16), [3]
+    if change == "dtype":
+        q = q.astype(mx.float16)
+    elif change == "heads":
+        q = mx.zeros((3, 3, 16))
+    elif change == "dim":
+        q, k, v = mx.zeros((3, 4, 8)), mx.zeros((3, 2, 8)), mx.zeros((3, 2, 8))
+    elif change == "rows":
+        rows = [2]
+    elif change == "positions":
+        positions = mx.array([0.0])
+    elif change == "buffers":
+        buffers = buffers[:1]
+    else:
+        buffers = [mx.zeros((1, 3, 64, 16)), mx.zeros((1, 3, 64, 16))]
+    with pytest.raises(ValueError, match=message):
+        ops.attend(q, k, v, positions, buffers, rows, 0.25)
