@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from mlxkv_inference import KvScheme, Message, MlxAutoregressiveBinding
@@ -142,18 +143,22 @@ def make_tiny_config(kind: str, **overrides: Any) -> dict[str, Any]:
 def make_tiny_binding(
     kind: str, *, seed: int = 0, kv_scheme: KvScheme = KvScheme(),
     binding_class: type[MlxAutoregressiveBinding] = MlxAutoregressiveBinding, tokenizer: ByteTokenizer | None = None,
-    **overrides: Any,
+    native: bool = False, **overrides: Any,
 ) -> MlxAutoregressiveBinding:
     """A random-weight model of mlx-lm's `kind` class, fixed by `seed` (bound by `binding_class`, a subclass for tests
-    that need a component that stalls or fails)."""
+    that need a component that stalls or fails). `native`: the server's path, weights quantized to 4 bits and run by
+    mlxkv's native matmul and attention kernels."""
     config = make_tiny_config(kind, **overrides)
     mx.random.seed(seed)
     model = build_model(config)
     _randomize(model, seed)
+    if native:
+        nn.quantize(model, group_size=32, bits=4)
     eval_parameters(model)
     model.eval()
     return binding_class(
-        model, tokenizer or ByteTokenizer(), model_id=f"tiny-{kind}", config=config, kv_scheme=kv_scheme, weights_digest=str(seed)
+        model, tokenizer or ByteTokenizer(), model_id=f"tiny-{kind}", config=config, kv_scheme=kv_scheme,
+        weights_digest=str(seed), cpu_kernels="native" if native else "mlx",
     )
 
 

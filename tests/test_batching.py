@@ -16,18 +16,19 @@ from mlxkv_inference import Generation, GenerationParams, Grammar, MlxAutoregres
 from mlxkv_inference.engine.generate import ResumePoint
 from mlxkv_inference.engine.scheduler import BatchScheduler
 from mlxkv_inference.models.batched import decode_batch, rows_invariant
-from mlxkv_inference.models.cpu_kernels import use_native_kernels
 from tests.factories import greedy_token, make_prompt, make_tiny_binding
 
 
 def tiny(kind: str, quantized: bool, native: bool = False) -> MlxAutoregressiveBinding:
     """A tiny model: float32 (its matmuls through the BLAS loaded), or 4-bit through MLX's quantized
-    matmul or, `native`, mlxkv's own kernel."""
+    matmul or, `native`, mlxkv's own matmul and attention kernels."""
+    if native:
+        binding = make_tiny_binding(kind, seed=4, native=True)
+        assert binding.native_attention
+        return binding
     binding = make_tiny_binding(kind, seed=4)
     if quantized:
         nn.quantize(binding.model, group_size=32, bits=4)
-    if native:
-        use_native_kernels(binding.model)
     return binding
 
 

@@ -195,15 +195,8 @@ def test_adaptive_length_turns_speculation_off_where_drafts_miss_and_back_on() -
 
 
 def native_tiny() -> MlxAutoregressiveBinding:
-    """The server's path on a tiny model: 4-bit weights through mlxkv's native kernel."""
-    import mlx.nn as nn
-
-    from mlxkv_inference.models.cpu_kernels import use_native_kernels
-
-    binding = make_tiny_binding("llama", seed=4)
-    nn.quantize(binding.model, group_size=32, bits=4)
-    use_native_kernels(binding.model)
-    return binding
+    """The server's path on a tiny model: 4-bit weights through mlxkv's native kernels."""
+    return make_tiny_binding("llama", seed=4, native=True)
 
 
 @pytest.mark.parametrize("case", ["penalties", "regex"])

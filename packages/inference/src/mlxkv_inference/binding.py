@@ -21,6 +21,7 @@ from mlxkv_inference.cache.recurrent import RecurrentCache
 from mlxkv_inference.kv_scheme import KvScheme
 from mlxkv_inference.models import batched
 from mlxkv_inference.models.cpu_kernels import CpuKernels, use_native_kernels
+from mlxkv_inference.models.native_attention import NATIVE_ATTENTION, use_native_attention
 from mlxkv_inference.engine.speculation import StepCosts, round_fits
 from mlxkv_inference.tokenizer.protocol import Tokenizer
 
@@ -45,8 +46,10 @@ class MlxAutoregressiveBinding:
         weights_digest: str = "",
         cpu_kernels: CpuKernels = "mlx",
     ) -> None:
+        native_attention = False
         if cpu_kernels == "native":
             use_native_kernels(model)
+            native_attention = use_native_attention(model, config)
         self.model = model
         self.cpu_kernels: CpuKernels = cpu_kernels
         self.tokenizer = tokenizer
@@ -55,7 +58,9 @@ class MlxAutoregressiveBinding:
         self.kv_scheme = kv_scheme
         self.weight_bytes = _mlx_lm.parameter_bytes(model)
         self.tokenizer_hash = tokenizer.content_hash()
-        self.config_fingerprint = config_fingerprint(config, kv_scheme, weights_digest, cpu_kernels)
+        self.native_attention = native_attention
+        self.config_fingerprint = config_fingerprint(config, kv_scheme, weights_digest, cpu_kernels,
+                                                     NATIVE_ATTENTION if native_attention else "")
         self._compiled = CompiledDecoder(model)
         self._invariant_rows = 1  # batch sizes probed row-invariant so far (-1: a kernel is not)
         self._positions_exact: bool | None = None  # see `verifies_positions`
@@ -205,10 +210,11 @@ class MlxAutoregressiveBinding:
 
 
 def config_fingerprint(
-    config: dict[str, Any], kv_scheme: KvScheme, weights_digest: str, cpu_kernels: CpuKernels = "mlx"
+    config: dict[str, Any], kv_scheme: KvScheme, weights_digest: str, cpu_kernels: CpuKernels = "mlx",
+    attention: str = "",
 ) -> str:
     """Hash of everything that shapes the KV a model computes: graph config, KV scheme, MLX, weights,
-    and the matmul kernels (KV computed by different kernels differs in the last bits)."""
+    and the matmul and attention kernels (KV computed by different kernels differs in the last bits)."""
     payload = {
         "config": config,
         "kv_scheme": asdict(kv_scheme),
@@ -217,5 +223,7 @@ def config_fingerprint(
     }
     if cpu_kernels != "mlx":  # the mlx path keeps the fingerprints it always had
         payload["cpu_kernels"] = cpu_kernels
+    if attention:
+        payload["attention"] = attention
     blob = json.dumps(payload, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:32]

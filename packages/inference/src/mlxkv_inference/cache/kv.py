@@ -11,7 +11,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlxkv_inference.cache.contract import CacheTrimError, DecodePhase, DecodePlan
-from mlxkv_inference.cache.slots import KvDecodeSlot
+from mlxkv_inference.cache.slots import KvDecodeSlot, PlainKvDecodeSlot
 
 STEP = 256
 
@@ -90,7 +90,7 @@ class PlainKVCache(_DenseBuffers):
         return DecodePlan("concat", self.keys.shape[2], self.offset, self.offset)
 
     def decode_slot(self, plan: DecodePlan) -> KvDecodeSlot:
-        return KvDecodeSlot(plan)
+        return PlainKvDecodeSlot(plan)
 
     def decode_inputs(self, plan: DecodePlan) -> list[mx.array]:
         assert self.keys is not None and self.values is not None
@@ -118,13 +118,16 @@ class PlainKVCache(_DenseBuffers):
     # -- helpers -----------------------------------------------------------------------------
     def _reserve(self, keys: mx.array, values: mx.array, n: int) -> None:
         """Grow the buffers (in whole steps) so `n` more tokens fit after `offset`."""
+        self.reserve(n, keys.shape[1], keys.shape[3], values.shape[3], keys.dtype, batch=keys.shape[0])
+
+    def reserve(self, n: int, heads: int, k_dim: int, v_dim: int, dtype: mx.Dtype, batch: int = 1) -> None:
+        """Grow the buffers (in whole steps, as mlx-lm does) so `n` more tokens fit after `offset`."""
         prev = self.offset
         if self.keys is not None and self.values is not None and prev + n <= self.keys.shape[2]:
             return
-        b, heads, _, k_dim = keys.shape
         n_steps = (self.step + n - 1) // self.step
-        new_k = mx.zeros((b, heads, n_steps * self.step, k_dim), keys.dtype)
-        new_v = mx.zeros((b, heads, n_steps * self.step, values.shape[3]), values.dtype)
+        new_k = mx.zeros((batch, heads, n_steps * self.step, k_dim), dtype)
+        new_v = mx.zeros((batch, heads, n_steps * self.step, v_dim), dtype)
         if self.keys is None or self.values is None:
             self.keys, self.values = new_k, new_v
             return

@@ -49,6 +49,15 @@ class KvDecodeSlot:
         return self.keys.shape[2]
 
 
+class PlainKvDecodeSlot(KvDecodeSlot):
+    """A plain cache's slot: never a ring, so its keys are positions 0..write (what the native
+    attention kernel needs to know to run inside the compiled step)."""
+
+    @property
+    def write_index(self) -> mx.array:
+        return self._write
+
+
 class QuantizedDecodeSlot(KvDecodeSlot):
     """Affine-quantized KV: (packed, scales, biases) triples for keys and for values."""
 

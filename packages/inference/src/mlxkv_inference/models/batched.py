@@ -4,7 +4,9 @@
                                            speculative round's pending token and drafts)
     embed, norms, q/k/v/o projections, MLP, lm_head: one (R, 1, D) product per weight
     RoPE, cache update, attention:        per sequence, its L_i positions against its own
-                                           cache (no padding), as its own forward runs them
+                                           cache (no padding), as its own forward runs them;
+                                           with native attention one kernel call a layer for
+                                           all sequences (models/native_attention.py)
 
 Every batched operation is row-wise (a row's result depends on that row only) when the matmul
 kernels are row-invariant; `row_invariant_kinds` checks that per weight kind, and a step whose
@@ -22,6 +24,7 @@ import mlx.nn as nn
 from mlxkv_inference import _mlx_lm
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.recurrent import RecurrentCache
+from mlxkv_inference.models.native_attention import NativeSequence, attend_rows, native_sequence, uses_native_attention
 
 # Graphs whose layers are (input norm, self_attn, post norm, mlp) with q/k/v/o projections.
 BATCHABLE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -104,9 +107,35 @@ def _spans(lengths: Sequence[int]) -> list[tuple[int, int]]:
 
 
 def _attention(attn: Any, x: mx.array, caches: list[LayerCache], spans: Sequence[tuple[int, int]]) -> mx.array:
+    if uses_native_attention(attn):
+        sequences = [native_sequence(cache, b - a) for (a, b), cache in zip(spans, caches, strict=True)]
+        if all(s is not None for s in sequences):
+            native: mx.array = attn.o_proj(attend_rows(attn, x, [s for s in sequences if s is not None]))
+            return native
+        if any(s is not None for s in sequences):
+            return _mixed_attention(attn, x, caches, spans, sequences)
     queries, keys, values = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
     outputs = [_sequence_attention(attn, queries[a:b], keys[a:b], values[a:b], cache)
                for (a, b), cache in zip(spans, caches, strict=True)]
+    out: mx.array = attn.o_proj(mx.concatenate(outputs, axis=0))
+    return out
+
+
+def _mixed_attention(attn: Any, x: mx.array, caches: list[LayerCache], spans: Sequence[tuple[int, int]],
+                     sequences: Sequence[NativeSequence | None]) -> mx.array:
+    """Rows whose caches the native kernel serves attend through it together, the others through
+    mlx-lm's attention body, each as it would alone (a cache that has switched kind, e.g. to
+    quantized KV, next to plain ones)."""
+    native_rows = [r for (a, b), s in zip(spans, sequences) if s is not None for r in range(a, b)]
+    native = attend_rows(attn, x[mx.array(native_rows)], [s for s in sequences if s is not None])
+    queries, keys, values = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    outputs, at = [], 0
+    for (a, b), cache, sequence in zip(spans, caches, sequences, strict=True):
+        if sequence is None:
+            outputs.append(_sequence_attention(attn, queries[a:b], keys[a:b], values[a:b], cache))
+        else:
+            outputs.append(native[at : at + b - a])
+            at += b - a
     out: mx.array = attn.o_proj(mx.concatenate(outputs, axis=0))
     return out
 

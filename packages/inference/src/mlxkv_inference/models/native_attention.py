@@ -1,0 +1,137 @@
+"""Attention through mlxkv-cpu-kernels' fixed-order kernel, on the native path.
+
+`use_native_attention` gives each attention layer of a batchable (llama-style) float32 model a
+subclass whose forward runs `attend_rows`: projections, q/k norms and RoPE as mlx-lm computes
+them, then one native call that writes the new keys and values into the sequence's buffers and
+attends causally. Every forward of such a model goes through it (prefill chunks, the compiled
+decode step, speculative verification, the batched step), and a row's output depends on its
+query and its keys alone (csrc/attention.h), so those forwards agree bit for bit. Caches the
+kernel does not serve (rotating, quantized) keep mlx-lm's attention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlxkv_inference.cache.kv import PlainKVCache
+from mlxkv_inference.cache.slots import PlainKvDecodeSlot
+
+__all__ = ["attend_rows", "native_sequence", "uses_native_attention", "use_native_attention"]
+
+NATIVE_ATTENTION = "native/1"  # what the config fingerprint records (see binding.config_fingerprint)
+_MAX_HEAD_DIM = 256
+
+
+class NativeSequence:
+    """One sequence's KV as the kernel sees it: buffers with room for `rows` more positions,
+    where they start, and how to keep what the kernel returns."""
+
+    def __init__(self, cache: PlainKVCache | PlainKvDecodeSlot, rows: int) -> None:
+        self.cache = cache
+        self.rows = rows
+
+    def position(self) -> mx.array | int:
+        return self.cache.write_index.reshape(1) if isinstance(self.cache, PlainKvDecodeSlot) else self.cache.offset
+
+    def buffers(self, heads: int, dim: int) -> list[mx.array]:
+        cache = self.cache
+        if isinstance(cache, PlainKVCache):
+            cache.reserve(self.rows, heads, dim, dim, mx.float32)
+        assert cache.keys is not None and cache.values is not None
+        return [cache.keys, cache.values]
+
+    def keep(self, keys: mx.array, values: mx.array) -> None:
+        self.cache.keys, self.cache.values = keys, values
+        if isinstance(self.cache, PlainKVCache):
+            self.cache.offset += self.rows
+
+
+def native_sequence(cache: Any, rows: int) -> NativeSequence | None:
+    """The kernel's view of `cache` feeding `rows` positions; None where mlx-lm's attention runs
+    (rotating or quantized caches, buffers of another dtype)."""
+    if not isinstance(cache, PlainKVCache | PlainKvDecodeSlot):
+        return None
+    return NativeSequence(cache, rows) if cache.keys is None or cache.keys.dtype == mx.float32 else None
+
+
+def attend_rows(attn: Any, x: mx.array, sequences: Sequence[NativeSequence]) -> mx.array:
+    """Attention output (before o_proj) for the rows of `x` (leading dims flattened, feature dim
+    last): sequence i owns the next `sequences[i].rows` rows, its consecutive positions."""
+    rows = sum(s.rows for s in sequences)
+    queries = attn.q_proj(x).reshape(rows, attn.n_heads, -1)
+    keys = attn.k_proj(x).reshape(rows, attn.n_kv_heads, -1)
+    values = attn.v_proj(x).reshape(rows, attn.n_kv_heads, -1)
+    if hasattr(attn, "q_norm"):
+        queries, keys = attn.q_norm(queries), attn.k_norm(keys)
+    dim = queries.shape[-1]
+    starts = [s.position() for s in sequences]
+    if all(isinstance(p, int) for p in starts):
+        positions = mx.array([p + j for p, s in zip(starts, sequences) for j in range(s.rows)], dtype=mx.int32)
+        firsts = mx.array(starts, dtype=mx.int32)
+    else:  # the compiled step's slot: its position is an input array, and it feeds one row
+        assert all(s.rows == 1 for s in sequences), "a compiled slot feeds one position a step"
+        firsts = mx.concatenate([mx.array([p]) if isinstance(p, int) else p for p in starts]).astype(mx.int32)
+        positions = firsts
+    # RoPE on (R, heads, 1, D) with a position per row: bitwise mlx-lm's (1, heads, L, D) at an offset.
+    queries = attn.rope(queries[:, :, None, :], offset=positions)[:, :, 0, :]
+    keys = attn.rope(keys[:, :, None, :], offset=positions)[:, :, 0, :]
+    buffers = [b for s in sequences for b in s.buffers(attn.n_kv_heads, dim)]
+    from mlxkv_cpu_kernels import ops
+
+    out, *written = ops.attend(queries, keys, values, firsts, buffers, [s.rows for s in sequences], attn.scale)
+    for i, sequence in enumerate(sequences):
+        sequence.keep(written[2 * i], written[2 * i + 1])
+    return out.reshape(*x.shape[:-1], -1)
+
+
+class NativeAttentionMixin:
+    """Mixed into a model's attention class: the native kernel where the cache allows it."""
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        # NOTE: mlx-lm's mask for these caches is None, "causal" or the compiled slot's
+        # `arange <= write`: all the causal attention the kernel does by itself.
+        sequence = native_sequence(cache, x.shape[0] * x.shape[1]) if x.shape[0] == 1 else None
+        if sequence is None:
+            out: mx.array = super().__call__(x, mask=mask, cache=cache)  # type: ignore[misc]
+            return out
+        attn: Any = self
+        result: mx.array = attn.o_proj(attend_rows(attn, x, [sequence]))
+        return result
+
+
+def use_native_attention(model: nn.Module, config: dict[str, Any]) -> bool:
+    """Gives every attention layer of `model` the native kernel, where the model is one it
+    serves (llama-style layers, float32 activations, head size a multiple of 16 up to 256);
+    returns whether it did."""
+    from mlxkv_inference.models.batched import can_batch
+
+    inner: Any = getattr(model, "model", None)
+    if not can_batch(model, config, []) or inner is None:
+        return False
+    layers = list(inner.layers)
+    attn = layers[0].self_attn
+    dim = _head_dim(attn)
+    probe = inner.embed_tokens(mx.array([[0]]))
+    if probe.dtype != mx.float32 or dim % 16 or dim > _MAX_HEAD_DIM or attn.n_heads % attn.n_kv_heads:
+        return False
+    classes: dict[type, type] = {}
+    for layer in layers:
+        cls = type(layer.self_attn)
+        if cls not in classes:
+            classes[cls] = type(f"Native{cls.__name__}", (NativeAttentionMixin, cls), {})
+        layer.self_attn.__class__ = classes[cls]
+    return True
+
+
+def uses_native_attention(attn: Any) -> bool:
+    """Whether an attention layer runs the native kernel (see `use_native_attention`)."""
+    return isinstance(attn, NativeAttentionMixin)
+
+
+def _head_dim(attn: Any) -> int:
+    # q_proj's weight is (heads * head size, features), packed along features only.
+    return int(getattr(attn, "head_dim", None) or attn.q_proj.weight.shape[0] // attn.n_heads)
