@@ -130,10 +130,11 @@ def test_compiled_call_matches_the_eager_one_with_the_position_as_an_input() -> 
     ("positions", "int32"),
     ("buffers", "keys and a values buffer"),
     ("buffer_shape", "(1, Hkv, capacity, D)"),
+    ("inv_freq", "inv_freq"),
 ])
 def test_bad_arguments_are_value_errors(change: str, message: str) -> None:
     q, k, v = tensors(3, 4, 2, 16, seed=9)
-    positions, buffers, rows = mx.array([0], dtype=mx.int32), empty(2, 16), [3]
+    positions, buffers, rows, rope = mx.array([0], dtype=mx.int32), empty(2, 16), [3], {}
     if change == "dtype":
         q = q.astype(mx.float16)
     elif change == "heads":
@@ -146,7 +147,27 @@ def test_bad_arguments_are_value_errors(change: str, message: str) -> None:
         positions = mx.array([0.0])
     elif change == "buffers":
         buffers = buffers[:1]
+    elif change == "inv_freq":
+        rope = {"inv_freq": mx.ones((4,)), "rope_dims": 16}
     else:
         buffers = [mx.zeros((1, 3, 64, 16)), mx.zeros((1, 3, 64, 16))]
     with pytest.raises(ValueError, match=message):
-        ops.attend(q, k, v, positions, buffers, rows, 0.25)
+        ops.attend(q, k, v, positions, buffers, rows, 0.25, **rope)
+
+
+@pytest.mark.parametrize("traditional", [False, True])
+@pytest.mark.parametrize("dims", [16, 32])
+def test_rope_in_the_kernel_matches_mlx_rope_before_it(traditional: bool, dims: int) -> None:
+    q, k, v = tensors(5, 4, 2, 32, seed=10)
+    base, scale, at = 10000.0, 0.5, 37
+    inv_freq = 1.0 / (base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims))
+
+    def rotated(a: mx.array) -> mx.array:
+        return mx.fast.rope(heads_first(a), dims, traditional=traditional, base=base, scale=scale, offset=at)[0].transpose(1, 0, 2)
+
+    _, buffers = attend(*tensors(at, 4, 2, 32, seed=11), [0], empty(2, 32), [at])
+    want, want_buffers = attend(rotated(q), rotated(k), v, [at], buffers, [5])
+    got, *got_buffers = ops.attend(q, k, v, mx.array([at], dtype=mx.int32), buffers, [5], 32 ** -0.5,
+                                   inv_freq=inv_freq, rope_dims=dims, rope_traditional=traditional, rope_scale=scale)
+    assert mx.allclose(got, want, atol=1e-5).item()
+    assert mx.allclose(got_buffers[0], want_buffers[0], atol=1e-5).item()

@@ -89,10 +89,24 @@ inline void exp16(const float* in, float shift, float* out) {
 #endif
 }
 
+// The largest of w[0..n): exact in any order.
+inline float max_of(const float* w, int64_t n) {
+  int64_t t = 0;
+  float top = w[0];
+#if QMM_ISA == 3
+  if (n >= 16) {
+    __m512 m = _mm512_loadu_ps(w);
+    for (t = 16; t + 16 <= n; t += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(w + t));
+    top = _mm512_reduce_max_ps(m);
+  }
+#endif
+  for (; t < n; ++t) top = w[t] > top ? w[t] : top;
+  return top;
+}
+
 // w[0..n) = exp(score - max) in place, w[n..padded) = 0; returns 1 / sum(w) summed as attention.h says.
 inline float softmax_in_place(float* w, int64_t n) {
-  float top = w[0];
-  for (int64_t t = 1; t < n; ++t) top = w[t] > top ? w[t] : top;
+  const float top = max_of(w, n);
   const int64_t padded = (n + 15) / 16 * 16;
   for (int64_t t = n; t < padded; ++t) w[t] = top;
   V16 sum = V16::zero();
@@ -107,10 +121,12 @@ inline float softmax_in_place(float* w, int64_t n) {
   return 1.0f / reduce16(sum);
 }
 
-void attend(const AttnArgs& a, const AttnSequence& s, int64_t r0, int64_t r1, int64_t g0, int64_t g1,
-            float* scratch) {
-  const int64_t D = a.dim, group = a.heads / a.kv_heads, chunks = D / 16;
-  V16 acc[16];  // D <= 256
+// C = D / 16 chunks of the head, known at compile time so the accumulators stay in registers.
+template <int C>
+void attend_chunks(const AttnArgs& a, const AttnSequence& s, int64_t r0, int64_t r1, int64_t g0, int64_t g1,
+                   float* scratch) {
+  constexpr int64_t D = 16 * C;
+  const int64_t group = a.heads / a.kv_heads;
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t n = s.position + (r - s.first_row) + 1;
     const int64_t stride = (n + 15) / 16 * 16;
@@ -118,32 +134,72 @@ void attend(const AttnArgs& a, const AttnSequence& s, int64_t r0, int64_t r1, in
       const float* keys = s.keys + g * s.capacity * D;
       const float* values = s.values + g * s.capacity * D;
       const float* q = a.q + (r * a.heads + g * group) * D;
-      for (int64_t t = 0; t < n; ++t) {
-        const float* k = keys + t * D;
-        for (int64_t i = 0; i < group; ++i) {
-          V16 dot = V16::zero();
-          for (int64_t c = 0; c < chunks; ++c) dot.fma(V16::load(q + i * D + 16 * c), V16::load(k + 16 * c));
-          scratch[i * stride + t] = reduce16(dot) * a.scale;
+      for (int64_t i = 0; i < group; ++i) {
+        V16 qv[C];
+        for (int c = 0; c < C; ++c) qv[c] = V16::load(q + i * D + 16 * c);
+        float* w = scratch + i * stride;
+        int64_t t = 0;
+        for (; t + 4 <= n; t += 4) {  // four keys' chains side by side (each its own order)
+          V16 d0 = V16::zero(), d1 = V16::zero(), d2 = V16::zero(), d3 = V16::zero();
+          const float* k = keys + t * D;
+          for (int c = 0; c < C; ++c) {
+            d0.fma(qv[c], V16::load(k + 16 * c));
+            d1.fma(qv[c], V16::load(k + D + 16 * c));
+            d2.fma(qv[c], V16::load(k + 2 * D + 16 * c));
+            d3.fma(qv[c], V16::load(k + 3 * D + 16 * c));
+          }
+          w[t] = reduce16(d0) * a.scale;
+          w[t + 1] = reduce16(d1) * a.scale;
+          w[t + 2] = reduce16(d2) * a.scale;
+          w[t + 3] = reduce16(d3) * a.scale;
+        }
+        for (; t < n; ++t) {
+          V16 d = V16::zero();
+          for (int c = 0; c < C; ++c) d.fma(qv[c], V16::load(keys + t * D + 16 * c));
+          w[t] = reduce16(d) * a.scale;
         }
       }
       for (int64_t i = 0; i < group; ++i) {
         float* w = scratch + i * stride;
         const float inv = softmax_in_place(w, n);
-        for (int64_t c = 0; c < chunks; ++c) acc[c] = V16::zero();
+        V16 acc[C];
+        for (int c = 0; c < C; ++c) acc[c] = V16::zero();
         for (int64_t t = 0; t < n; ++t) {
           const V16 wt = V16::set1(w[t]);
           const float* v = values + t * D;
-          for (int64_t c = 0; c < chunks; ++c) acc[c].fma(wt, V16::load(v + 16 * c));
+          for (int c = 0; c < C; ++c) acc[c].fma(wt, V16::load(v + 16 * c));
         }
         float* out = a.out + (r * a.heads + g * group + i) * D;
         const V16 vinv = V16::set1(inv);
-        for (int64_t c = 0; c < chunks; ++c) {
+        for (int c = 0; c < C; ++c) {
           V16 o = V16::zero();
           o.fma(acc[c], vinv);  // acc * inv + 0: exactly a product
           o.store(out + 16 * c);
         }
       }
     }
+  }
+}
+
+void attend(const AttnArgs& a, const AttnSequence& s, int64_t r0, int64_t r1, int64_t g0, int64_t g1,
+            float* scratch) {
+  switch (a.dim / 16) {
+    case 1: attend_chunks<1>(a, s, r0, r1, g0, g1, scratch); break;
+    case 2: attend_chunks<2>(a, s, r0, r1, g0, g1, scratch); break;
+    case 3: attend_chunks<3>(a, s, r0, r1, g0, g1, scratch); break;
+    case 4: attend_chunks<4>(a, s, r0, r1, g0, g1, scratch); break;
+    case 5: attend_chunks<5>(a, s, r0, r1, g0, g1, scratch); break;
+    case 6: attend_chunks<6>(a, s, r0, r1, g0, g1, scratch); break;
+    case 7: attend_chunks<7>(a, s, r0, r1, g0, g1, scratch); break;
+    case 8: attend_chunks<8>(a, s, r0, r1, g0, g1, scratch); break;
+    case 9: attend_chunks<9>(a, s, r0, r1, g0, g1, scratch); break;
+    case 10: attend_chunks<10>(a, s, r0, r1, g0, g1, scratch); break;
+    case 11: attend_chunks<11>(a, s, r0, r1, g0, g1, scratch); break;
+    case 12: attend_chunks<12>(a, s, r0, r1, g0, g1, scratch); break;
+    case 13: attend_chunks<13>(a, s, r0, r1, g0, g1, scratch); break;
+    case 14: attend_chunks<14>(a, s, r0, r1, g0, g1, scratch); break;
+    case 15: attend_chunks<15>(a, s, r0, r1, g0, g1, scratch); break;
+    default: attend_chunks<16>(a, s, r0, r1, g0, g1, scratch); break;
   }
 }
 

@@ -1,12 +1,14 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
 
 #include "primitive.h"
 #include "qmm.h"
 
 namespace nb = nanobind;
+namespace mx = mlx::core;
 using namespace nb::literals;
 
 namespace {
@@ -25,10 +27,21 @@ NB_MODULE(_ext, m) {
   m.def("quantized_matmul", &mlxkv::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
         "group_size"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
         "y = x @ dequant(w, scales, biases)^T (MLX affine layout, transpose=True).");
-  m.def("attend", &mlxkv::attend, "q"_a, "k"_a, "v"_a, "positions"_a, "buffers"_a, "rows"_a, "scale"_a,
-        nb::kw_only(), "stream"_a = nb::none(),
-        "Writes each sequence's new k, v rows into its (1, Hkv, capacity, D) buffers and attends causally; "
-        "returns [out (R, Hq, D), keys_0, values_0, ...].");
+  m.def(
+      "attend",
+      [](const mx::array& q, const mx::array& k, const mx::array& v, const mx::array& positions,
+         const std::vector<mx::array>& buffers, std::vector<int> rows, float scale,
+         const std::optional<mx::array>& inv_freq, int rope_dims, bool rope_traditional, float rope_scale,
+         mx::StreamOrDevice s) {
+        mlxkv::Rope rope{rope_dims, rope_traditional, rope_scale};
+        return mlxkv::attend(q, k, v, positions, buffers, std::move(rows), scale,
+                             inv_freq ? *inv_freq : mx::zeros({0}, mx::float32), rope, s);
+      },
+      "q"_a, "k"_a, "v"_a, "positions"_a, "buffers"_a, "rows"_a, "scale"_a, nb::kw_only(),
+      "inv_freq"_a = nb::none(), "rope_dims"_a = 0, "rope_traditional"_a = false, "rope_scale"_a = 1.0f,
+      "stream"_a = nb::none(),
+      "Rotates q and k (RoPE, when rope_dims > 0), writes each sequence's new k, v rows into its "
+      "(1, Hkv, capacity, D) buffers and attends causally; returns [out (R, Hq, D), keys_0, values_0, ...].");
   m.def("num_threads", &mlxkv::num_threads, "Threads the kernel splits output features over.");
   m.def("set_num_threads", &mlxkv::set_num_threads, "n"_a);
   m.def("isa", [] { return std::string(mlxkv::isa_name(mlxkv::current_isa())); });

@@ -1,6 +1,7 @@
 #include "primitive.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -34,6 +35,32 @@ void gather(const float* src, const mx::Shape& shape, const mx::Strides& strides
       }
       offset -= strides[d] * (shape[d] - 1);
       index[d] = 0;
+    }
+  }
+}
+
+// attend's inputs: q, k, v, positions, inv_freq, then the buffers.
+constexpr size_t kFirstBuffer = 5;
+
+// RoPE of one row's `heads` heads in place (see Rope in primitive.h).
+void rotate(const Rope& rope, const float* inv_freq, int64_t position, float* row, int64_t heads, int64_t dim) {
+  const int half = rope.dims / 2;
+  thread_local std::vector<float> cos_sin;
+  cos_sin.resize(size_t(2 * half));
+  for (int i = 0; i < half; ++i) {
+    const float theta = (float(position) * rope.scale) * inv_freq[i];
+    cos_sin[2 * i] = std::cos(theta);
+    cos_sin[2 * i + 1] = std::sin(theta);
+  }
+  for (int64_t h = 0; h < heads; ++h) {
+    float* x = row + h * dim;
+    for (int i = 0; i < half; ++i) {
+      float* a = rope.traditional ? x + 2 * i : x + i;
+      float* b = rope.traditional ? x + 2 * i + 1 : x + i + half;
+      const float c = cos_sin[2 * i], sn = cos_sin[2 * i + 1];
+      const float x1 = *a, x2 = *b;
+      *a = x1 * c - x2 * sn;
+      *b = x1 * sn + x2 * c;
     }
   }
 }
@@ -129,7 +156,8 @@ bool NativeQuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
 
 std::vector<mx::array> attend(
     const mx::array& q, const mx::array& k, const mx::array& v, const mx::array& positions,
-    const std::vector<mx::array>& buffers, std::vector<int> rows, float scale, mx::StreamOrDevice s) {
+    const std::vector<mx::array>& buffers, std::vector<int> rows, float scale, const mx::array& inv_freq,
+    Rope rope, mx::StreamOrDevice s) {
   auto fail = [](bool ok, const std::string& message) { check(ok, message, "attend"); };
   fail(q.dtype() == mx::float32 && k.dtype() == mx::float32 && v.dtype() == mx::float32,
        "q, k and v must be float32");
@@ -141,6 +169,9 @@ std::vector<mx::array> attend(
   fail(positions.dtype() == mx::int32 && positions.ndim() == 1 && positions.shape(0) == int(rows.size()),
        "positions must be int32 with one entry per sequence");
   fail(buffers.size() == 2 * rows.size(), "need a keys and a values buffer per sequence");
+  fail(rope.dims >= 0 && rope.dims % 2 == 0 && rope.dims <= dim, "rope dims must be even, 0..D");
+  fail(inv_freq.dtype() == mx::float32 && inv_freq.ndim() == 1 && inv_freq.shape(0) == rope.dims / 2,
+       "inv_freq must be float32 of shape (rope dims / 2,)");
   int total = 0;
   for (int n : rows) {
     fail(n >= 1, "each sequence needs at least one row");
@@ -158,10 +189,10 @@ std::vector<mx::array> attend(
   }
   auto stream = mx::to_stream(s);
   fail(stream.device == mx::Device::cpu, "the native kernel runs on the CPU device only");
-  std::vector<mx::array> inputs{q, k, v, positions};
+  std::vector<mx::array> inputs{q, k, v, positions, inv_freq};
   inputs.insert(inputs.end(), buffers.begin(), buffers.end());
   return mx::array::make_arrays(std::move(shapes), dtypes,
-                                std::make_shared<NativeAttention>(stream, std::move(rows), scale), inputs);
+                                std::make_shared<NativeAttention>(stream, std::move(rows), scale, rope), inputs);
 }
 
 void NativeAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
@@ -186,9 +217,9 @@ void NativeAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector
     int64_t size;
   };
   std::vector<Buffer> buffers;
-  for (size_t i = 4; i < inputs.size(); ++i) {
+  for (size_t i = kFirstBuffer; i < inputs.size(); ++i) {
     const mx::array& in = inputs[i];
-    mx::array& out = outputs[i - 3];
+    mx::array& out = outputs[i - kFirstBuffer + 1];
     const bool donate = in.is_donatable() && in.flags().row_contiguous;
     if (donate) {
       out.copy_shared_buffer(in);
@@ -211,8 +242,9 @@ void NativeAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector
   };
   const int64_t heads = inputs[0].shape(1), kv_heads = inputs[1].shape(1), dim = inputs[0].shape(2);
   encoder.dispatch([q = dense(inputs[0]), k = dense(inputs[1]), v = dense(inputs[2]),
-                    positions = inputs[3].data<int32_t>(), out = outputs[0].data<float>(),
-                    buffers = std::move(buffers), rows = rows_, scale = scale_, heads, kv_heads, dim]() {
+                    positions = inputs[3].data<int32_t>(), inv_freq = inputs[4].data<float>(),
+                    out = outputs[0].data<float>(), buffers = std::move(buffers), rows = rows_, scale = scale_,
+                    rope = rope_, heads, kv_heads, dim]() {
     for (const auto& b : buffers) {
       if (!b.copy) continue;
       if (b.dense) {
@@ -231,6 +263,19 @@ void NativeAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector
     const float* qd = read(q, qkv.data());
     const float* kd = read(k, qkv.data() + q.size);
     const float* vd = read(v, qkv.data() + q.size + k.size);
+    if (rope.dims > 0) {
+      if (qd != qkv.data()) std::memcpy(qkv.data(), qd, size_t(q.size) * sizeof(float));
+      if (kd != qkv.data() + q.size) std::memcpy(qkv.data() + q.size, kd, size_t(k.size) * sizeof(float));
+      qd = qkv.data();
+      kd = qkv.data() + q.size;
+      int64_t row = 0;
+      for (size_t s = 0; s < rows.size(); ++s) {
+        for (int j = 0; j < rows[s]; ++j, ++row) {
+          rotate(rope, inv_freq, positions[s] + j, qkv.data() + row * heads * dim, heads, dim);
+          rotate(rope, inv_freq, positions[s] + j, qkv.data() + q.size + row * kv_heads * dim, kv_heads, dim);
+        }
+      }
+    }
     std::vector<AttnSequence> sequences;
     int64_t first = 0;
     for (size_t s = 0; s < rows.size(); ++s) {
@@ -262,13 +307,13 @@ void NativeAttention::eval_gpu(const std::vector<mx::array>&, std::vector<mx::ar
 
 std::vector<mx::Shape> NativeAttention::output_shapes(const std::vector<mx::array>& inputs) {
   std::vector<mx::Shape> shapes{inputs[0].shape()};
-  for (size_t i = 4; i < inputs.size(); ++i) shapes.push_back(inputs[i].shape());
+  for (size_t i = kFirstBuffer; i < inputs.size(); ++i) shapes.push_back(inputs[i].shape());
   return shapes;
 }
 
 bool NativeAttention::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const NativeAttention&>(other);
-  return rows_ == o.rows_ && scale_ == o.scale_;
+  return rows_ == o.rows_ && scale_ == o.scale_ && rope_ == o.rope_;
 }
 
 }  // namespace mlxkv

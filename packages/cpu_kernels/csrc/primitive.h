@@ -29,20 +29,32 @@ class NativeQuantizedMatmul : public mx::Primitive {
   int bits_;
 };
 
+// RoPE the kernel applies to q and k first: the first `dims` features of each head rotate by
+// theta_i = (position * scale) * inv_freq[i], i < dims / 2, pairing (i, i + dims / 2), or
+// (2i, 2i + 1) when `traditional` (mx.fast.rope's conventions); dims = 0: q and k come rotated.
+struct Rope {
+  int dims = 0;
+  bool traditional = false;
+  float scale = 1.0f;
+  bool operator==(const Rope&) const = default;
+};
+
 // Writes each sequence's new keys and values into its buffers, then attends causally (see
 // attention.h). q (R, Hq, D), k and v (R, Hkv, D), float32; positions int32 (S,), the absolute
 // position of each sequence's first row; buffers: S (keys, values) pairs of shape
 // (1, Hkv, capacity, D) float32 with capacity >= position + rows; rows[s] consecutive rows per
-// sequence. Returns [out (R, Hq, D), keys_0, values_0, ...]: the buffers with the rows written
-// (in place when MLX can donate them, otherwise copies).
+// sequence; inv_freq float32 (rope.dims / 2,) when rope.dims > 0. Returns [out (R, Hq, D),
+// keys_0, values_0, ...]: the buffers with the rows written (in place when MLX can donate them,
+// otherwise copies).
 std::vector<mx::array> attend(
     const mx::array& q, const mx::array& k, const mx::array& v, const mx::array& positions,
-    const std::vector<mx::array>& buffers, std::vector<int> rows, float scale, mx::StreamOrDevice s = {});
+    const std::vector<mx::array>& buffers, std::vector<int> rows, float scale, const mx::array& inv_freq,
+    Rope rope, mx::StreamOrDevice s = {});
 
 class NativeAttention : public mx::Primitive {
  public:
-  NativeAttention(mx::Stream stream, std::vector<int> rows, float scale)
-      : mx::Primitive(stream), rows_(std::move(rows)), scale_(scale) {}
+  NativeAttention(mx::Stream stream, std::vector<int> rows, float scale, Rope rope)
+      : mx::Primitive(stream), rows_(std::move(rows)), scale_(scale), rope_(rope) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -53,6 +65,7 @@ class NativeAttention : public mx::Primitive {
  private:
   std::vector<int> rows_;
   float scale_;
+  Rope rope_;
 };
 
 }  // namespace mlxkv

@@ -12,6 +12,7 @@ kernel does not serve (rotating, quantized) keep mlx-lm's attention.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -22,7 +23,7 @@ from mlxkv_inference.cache.slots import PlainKvDecodeSlot
 
 __all__ = ["attend_rows", "native_sequence", "uses_native_attention", "use_native_attention"]
 
-NATIVE_ATTENTION = "native/1"  # what the config fingerprint records (see binding.config_fingerprint)
+NATIVE_ATTENTION = "native/2"  # what the config fingerprint records (see binding.config_fingerprint)
 _MAX_HEAD_DIM = 256
 
 
@@ -70,22 +71,56 @@ def attend_rows(attn: Any, x: mx.array, sequences: Sequence[NativeSequence]) -> 
     dim = queries.shape[-1]
     starts = [s.position() for s in sequences]
     if all(isinstance(p, int) for p in starts):
-        positions = mx.array([p + j for p, s in zip(starts, sequences) for j in range(s.rows)], dtype=mx.int32)
         firsts = mx.array(starts, dtype=mx.int32)
     else:  # the compiled step's slot: its position is an input array, and it feeds one row
         assert all(s.rows == 1 for s in sequences), "a compiled slot feeds one position a step"
         firsts = mx.concatenate([mx.array([p]) if isinstance(p, int) else p for p in starts]).astype(mx.int32)
-        positions = firsts
-    # RoPE on (R, heads, 1, D) with a position per row: bitwise mlx-lm's (1, heads, L, D) at an offset.
-    queries = attn.rope(queries[:, :, None, :], offset=positions)[:, :, 0, :]
-    keys = attn.rope(keys[:, :, None, :], offset=positions)[:, :, 0, :]
+    rope = kernel_rope(attn.rope)
+    if rope is None:  # a RoPE variant the kernel does not know: MLX rotates, one position per row
+        positions = firsts if not all(isinstance(p, int) for p in starts) else mx.array(
+            [p + j for p, s in zip(starts, sequences) for j in range(s.rows)], dtype=mx.int32)
+        queries = attn.rope(queries[:, :, None, :], offset=positions)[:, :, 0, :]
+        keys = attn.rope(keys[:, :, None, :], offset=positions)[:, :, 0, :]
+        rope = KernelRope(None, 0, False, 1.0)
     buffers = [b for s in sequences for b in s.buffers(attn.n_kv_heads, dim)]
     from mlxkv_cpu_kernels import ops
 
-    out, *written = ops.attend(queries, keys, values, firsts, buffers, [s.rows for s in sequences], attn.scale)
+    out, *written = ops.attend(queries, keys, values, firsts, buffers, [s.rows for s in sequences], attn.scale,
+                               inv_freq=rope.inv_freq, rope_dims=rope.dims, rope_traditional=rope.traditional,
+                               rope_scale=rope.scale)
     for i, sequence in enumerate(sequences):
         sequence.keep(written[2 * i], written[2 * i + 1])
     return out.reshape(*x.shape[:-1], -1)
+
+
+@dataclass(frozen=True)
+class KernelRope:
+    """RoPE as the kernel applies it: theta_i = (position * scale) * inv_freq[i]."""
+
+    inv_freq: mx.array | None
+    dims: int
+    traditional: bool
+    scale: float
+
+
+def kernel_rope(rope: Any) -> KernelRope | None:
+    """The kernel's form of mlx's `nn.RoPE` and mlx-lm's `Llama3RoPE` (cached on the module);
+    None for other variants, which MLX applies before the kernel."""
+    cached: KernelRope | None = getattr(rope, "_mlxkv_kernel_rope", None)
+    if cached is not None:
+        return cached
+    dims = int(getattr(rope, "dims", 0))
+    if type(rope) is nn.RoPE and rope.base is not None:
+        inv_freq = 1.0 / (rope.base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims))
+        scale = float(rope.scale)
+    elif type(rope).__name__ == "Llama3RoPE" and getattr(rope, "_freqs", None) is not None:
+        inv_freq, scale = 1.0 / rope._freqs.astype(mx.float32), 1.0
+    else:
+        return None
+    mx.eval(inv_freq)
+    found = KernelRope(inv_freq, dims, bool(rope.traditional), scale)
+    object.__setattr__(rope, "_mlxkv_kernel_rope", found)
+    return found
 
 
 class NativeAttentionMixin:
