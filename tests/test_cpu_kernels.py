@@ -115,26 +115,53 @@ def test_thread_count_does_not_change_a_bit() -> None:
     assert all(np.array_equal(outputs[0], other) for other in outputs[1:])
 
 
-@pytest.mark.usefixtures("restore_threads_and_isa")
-@pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("m", [1, 2, 4, 11, 17])
-@pytest.mark.parametrize("group_size", [32, 128])
-@pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16])
-def test_every_instruction_set_gives_the_same_bits(bits: int, m: int, group_size: int, scale_dtype: mx.Dtype) -> None:
-    # 70 columns: whole blocks of 4 and a tail; m == 1 takes the GEMV paths, 2..16 rows the row
-    # tiles (AVX-512 4-bit: both with a table), 17 the dequantized panel.
-    w, scales, biases = quantized(70, 384, group_size, bits, scale_dtype, seed=9)
-    x = rows(m, 384, seed=10)
-    outputs = {}
+def supported_isas() -> list[str]:
+    """The instruction sets this CPU runs, best first; leaves the last one selected."""
+    isas = []
     for isa in ("avx512", "avx2", "generic"):
         try:
             ops.set_isa(isa)
         except ValueError:
             continue  # this CPU lacks it
+        isas.append(isa)
+    return isas
+
+
+@pytest.mark.usefixtures("restore_threads_and_isa")
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("m", [1, 2, 4, 5, 8, 9, 11, 16, 17])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16])
+def test_every_instruction_set_gives_the_same_bits(bits: int, m: int, group_size: int, scale_dtype: mx.Dtype) -> None:
+    # 70 columns: whole tiles and a tail; m == 1 takes the GEMV paths, 2..16 rows the row tiles
+    # (AVX-512 4-bit: both with a table; AVX2 and generic: up to 8 rows), 17 the dequantized panel.
+    w, scales, biases = quantized(70, 384, group_size, bits, scale_dtype, seed=9)
+    x = rows(m, 384, seed=10)
+    outputs = {}
+    for isa in supported_isas():
+        ops.set_isa(isa)
         outputs[isa] = as_numpy(ops.quantized_matmul(x, w, scales, biases, group_size, bits))
     assert "generic" in outputs and len(outputs) >= 2
     first = next(iter(outputs.values()))
     assert all(np.array_equal(first, other) for other in outputs.values())
+
+
+@pytest.mark.usefixtures("restore_threads_and_isa")
+@pytest.mark.parametrize("m", [5, 8, 9, 16, 17])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16])
+def test_an_8_bit_row_is_its_one_row_product_bitwise_in_every_row_tile(m: int, group_size: int, scale_dtype: mx.Dtype) -> None:
+    # 8-bit heads (the embedded model's tied lm_head) in a batched step of 5..16 rows take one pass
+    # of row sub-tiles of up to 8 rows; 17 the panel. 75 columns: 16-column tiles, then 4- and
+    # 2-column tiles and single columns. Every row of every tile must be its one-row GEMV's bits.
+    w, scales, biases = quantized(75, 384, group_size, 8, scale_dtype, seed=20)
+    batch = rows(m, 384, seed=21)
+    for isa in supported_isas():
+        ops.set_isa(isa)
+        together = as_numpy(ops.quantized_matmul(batch, w, scales, biases, group_size, 8))
+        alone = [as_numpy(ops.quantized_matmul(batch[i : i + 1], w, scales, biases, group_size, 8))[0] for i in range(m)]
+        for i in range(m):
+            assert np.array_equal(together[i], alone[i]), f"{isa}: row {i} of {m}"
 
 
 def test_compiled_call_matches_the_eager_one_bitwise() -> None:

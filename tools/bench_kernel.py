@@ -4,7 +4,10 @@ GEMV (1 row): weight GB/s (packed weights + scales + biases read once) against a
 single-thread read bandwidth. 64 rows: GFLOP/s. Decode step: every product of one token (30 layers
 x 7 linears + the tied lm_head, distinct weights as in the model, so they stream from memory) in
 one eval. Ratios are mlx time / native time from the same run.
-Run: `uv run python tools/bench_kernel.py [--threads 1 2] [--bits 4]`.
+Multi-row step (`--step-rows 4 5 8 9 16`): the native decode step with that many rows per product
+(a continuous batch, or a speculative round's positions), each row count's time as a ratio to the
+first count's, and the lm_head's share; `--head-bits 8` as the embedded GGUF ships its tied head.
+Run: `uv run python -m tools.bench_kernel [--threads 1 2] [--bits 4] [--step-rows 4 5 8 9 16 --head-bits 8]`.
 """
 
 from __future__ import annotations
@@ -69,7 +72,11 @@ def bench_shape(name: str, n: int, k: int, bits: int, group_size: int, rows: int
               f" ({ref * 1e3:7.3f} ms)  x{ref / native:5.1f}")
 
 
-def bench_decode_step(bits: int, group_size: int, repeats: int) -> None:
+Layer = tuple[mx.array, mx.array, mx.array, int]
+
+
+def step_weights(bits: int, head_bits: int, group_size: int) -> list[Layer]:
+    """One token's distinct weights: 30 layers x 7 linears, then the tied lm_head (last)."""
     # float32 scales and biases: what the GGUF loader hands the kernel (it upcasts float16).
     layers = []
     for _ in range(30):
@@ -77,20 +84,55 @@ def bench_decode_step(bits: int, group_size: int, repeats: int) -> None:
             w, scales, biases = mx.quantize(mx.random.normal((n, k)), group_size=group_size, bits=bits)
             layers.append((w, scales, biases, k))
     head_n, head_k = SHAPES[-1][1], SHAPES[-1][2]
-    w, scales, biases = mx.quantize(mx.random.normal((head_n, head_k)), group_size=group_size, bits=bits)
+    w, scales, biases = mx.quantize(mx.random.normal((head_n, head_k)), group_size=group_size, bits=head_bits)
     layers.append((w, scales, biases, head_k))
+    mx.eval(layers)
+    return layers
+
+
+def bench_decode_step(bits: int, head_bits: int, group_size: int, repeats: int) -> None:
+    layers = step_weights(bits, head_bits, group_size)
     xs = {k: mx.random.normal((1, k)) for k in {576, 1536}}
-    mx.eval(layers, xs)
+    mx.eval(xs)
     weight_bytes = sum(w.nbytes + s.nbytes + b.nbytes for w, s, b, _ in layers)
 
     def step(matmul: Callable[[mx.array, mx.array, mx.array, mx.array], mx.array]) -> Callable[[], list[mx.array]]:
         return lambda: [matmul(xs[k], w, s, b) for w, s, b, k in layers]
 
-    native = median_s(step(lambda x, w, s, b: ops.quantized_matmul(x, w, s, b, group_size, bits)), repeats)
+    def bits_of(w: mx.array, k: int) -> int:
+        return w.shape[1] * 32 // k
+
+    native = median_s(step(lambda x, w, s, b: ops.quantized_matmul(x, w, s, b, group_size, bits_of(w, x.shape[1]))),
+                      repeats)
     ref = median_s(step(lambda x, w, s, b: mx.quantized_matmul(x, w, s, b, transpose=True, group_size=group_size,
-                                                               bits=bits)), max(3, repeats // 5))
+                                                               bits=bits_of(w, x.shape[1]))), max(3, repeats // 5))
     print(f"  decode step ({len(layers)} products, {weight_bytes / 1e6:.0f} MB) native {native * 1e3:7.2f} ms"
           f" ({weight_bytes / native / 1e9:5.1f} GB/s)  mlx {ref * 1e3:7.2f} ms  x{ref / native:5.1f}")
+
+
+def bench_step_rows(step_rows: list[int], bits: int, head_bits: int, group_size: int, repeats: int) -> None:
+    """The native step at each row count, as a ratio to the first count's, measured in interleaved rounds."""
+    layers = step_weights(bits, head_bits, group_size)
+    xs = {(m, k): mx.random.normal((m, k)) for m in step_rows for k in (576, 1536)}
+    mx.eval(xs)
+
+    def products(m: int, chosen: list[Layer]) -> Callable[[], list[mx.array]]:
+        return lambda: [ops.quantized_matmul(xs[(m, k)], w, s, b, group_size, w.shape[1] * 32 // k)
+                        for w, s, b, k in chosen]
+
+    step_s: dict[int, list[float]] = {m: [] for m in step_rows}
+    head_s: dict[int, list[float]] = {m: [] for m in step_rows}
+    # Rounds over all counts, so drift on a shared machine hits every count alike.
+    for _ in range(max(1, repeats // 3)):
+        for m in step_rows:
+            step_s[m].append(median_s(products(m, layers), 3))
+            head_s[m].append(median_s(products(m, layers[-1:]), 3))
+    # The fastest round: on a shared machine the one least disturbed by other processes.
+    ref_step, ref_head = min(step_s[step_rows[0]]), min(head_s[step_rows[0]])
+    for m in step_rows:
+        st, hd = min(step_s[m]), min(head_s[m])
+        print(f"  step rows {m:3d}: {st * 1e3:7.2f} ms  x{st / ref_step:5.2f} of rows {step_rows[0]}"
+              f"   lm_head {hd * 1e3:6.2f} ms  x{hd / ref_head:5.2f}")
 
 
 def main() -> None:
@@ -100,9 +142,19 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=32)
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--head-bits", type=int, default=None, help="lm_head bits in the decode step (default: --bits)")
+    parser.add_argument("--step-rows", type=int, nargs="+", default=None,
+                        help="only the native decode step at these row counts, as ratios to the first")
     args = parser.parse_args()
-    print(f"isa {ops.isa()}, bits {args.bits}, group size {args.group_size}, "
+    head_bits = args.bits if args.head_bits is None else args.head_bits
+    print(f"isa {ops.isa()}, bits {args.bits}, head bits {head_bits}, group size {args.group_size}, "
           f"BLAS {mlxkv_cpu_kernels.blas_status().describe()}")
+    if args.step_rows:
+        for threads in dict.fromkeys(args.threads):
+            ops.set_num_threads(threads)
+            print(f"threads {threads}:")
+            bench_step_rows(args.step_rows, args.bits, head_bits, args.group_size, args.repeats)
+        return
     print(f"read bandwidth, one thread (numpy sum): {read_bandwidth_gbs():.1f} GB/s")
     for threads in dict.fromkeys(args.threads):
         ops.set_num_threads(threads)
@@ -110,7 +162,7 @@ def main() -> None:
             print(f"threads {threads}, rows {rows}:")
             for name, n, k in SHAPES:
                 bench_shape(name, n, k, args.bits, args.group_size, rows, args.repeats)
-        bench_decode_step(args.bits, args.group_size, args.repeats)
+        bench_decode_step(args.bits, head_bits, args.group_size, args.repeats)
 
 
 if __name__ == "__main__":

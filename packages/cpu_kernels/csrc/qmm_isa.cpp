@@ -194,19 +194,20 @@ void micro_cols(const QmmArgs& a, int64_t m, int64_t n, int cols, const float* p
   }
 }
 
-// GEMV streams each weight once from memory: fetch the next C rows (the next call's) while this
-// call computes, a few lines ahead. Prefetches never fault, past the end of w included.
+// GEMV streams each weight once from memory: fetch the rows `ahead` columns on (the next call's)
+// while this call computes, a few lines ahead. Prefetches never fault, past the end of w included.
 inline void prefetch_next_rows(const uint8_t* next_rows, int64_t block, int bytes_per_block) {
   const uint8_t* p = next_rows + 256 + block * bytes_per_block;
   for (int off = 0; off < bytes_per_block; off += 64) __builtin_prefetch(p + off);
 }
 
-// R rows (R <= 4), C columns: each block's weights are dequantized in registers and serve all R
+// R rows (R <= 8), C columns: each block's weights are dequantized in registers and serve all R
 // rows at once. The arithmetic is exactly micro<R, C> on a dequantized panel (same fma(q, s, b),
 // same chain), without the panel's store and reload, which is most of a GEMV's cost (R = 1); so a
-// row gets the same bits alone or among a few.
+// row gets the same bits alone or among a few. `ahead` > 0 prefetches the C columns that far on;
+// 0 when the caller knows they are already cached.
 template <int R, int C>
-void gemv_rows(const QmmArgs& a, int64_t m, int64_t n) {
+void gemv_rows(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead = C) {
   const int64_t row_bytes = a.K * a.bits / 8, groups = a.K / a.group_size;
   const float* x = a.x + m * a.K;
   V16 acc[R][C];
@@ -219,7 +220,7 @@ void gemv_rows(const QmmArgs& a, int64_t m, int64_t n) {
       b[c] = param(a, a.biases, (n + c) * groups + g);
     }
     for (int64_t k = g * a.group_size; k < (g + 1) * a.group_size; k += 32) {
-      prefetch_next_rows(a.w + (n + C) * row_bytes, k / 32, 4 * C * a.bits);
+      if (ahead > 0) prefetch_next_rows(a.w + (n + ahead) * row_bytes, k / 32, 4 * C * a.bits);
       V16 even[C], odd[C];
       for (int c = 0; c < C; ++c) dequant32(a.w + (n + c) * row_bytes + k * a.bits / 8, a.bits, s[c], b[c], even[c], odd[c]);
       for (int r = 0; r < R; ++r) {
@@ -242,18 +243,119 @@ void gemv_rows_range(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
   for (; n < n1; ++n) gemv_rows<R, 1>(a, m, n);
 }
 
-// Rows [m0, m1), a few of them, in tiles of up to 4 rows, with no panel.
+#if QMM_ISA == 3
+// gemv_rows for 8-bit codes on AVX-512, with the scale type fixed at compile time and x kept in
+// registers across the C columns (so up to 8 rows x 2 columns fit the 32 registers without
+// reloading x per column). Same dequantization, same fma chain, same bits as gemv_rows.
+template <int R, int C, typename P>
+void rows8_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
+  const int64_t row_bytes = a.K, groups = a.K / a.group_size, blocks_per_group = a.group_size / 32;
+  const float* x = a.x + m * a.K;
+  const uint8_t* w = a.w + n * row_bytes;
+  const uint8_t* next = w + ahead * row_bytes + 256;  // the rows `ahead` columns on, 4 lines ahead
+  const P* scales = static_cast<const P*>(a.scales) + n * groups;
+  const P* biases = static_cast<const P*>(a.biases) + n * groups;
+  const __m512i low_byte = _mm512_set1_epi32(0xff);
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 vs[C], vb[C];
+    for (int c = 0; c < C; ++c) {
+      if constexpr (sizeof(P) == 4) {
+        vs[c] = _mm512_set1_ps(scales[c * groups + g]), vb[c] = _mm512_set1_ps(biases[c * groups + g]);
+      } else {
+        vs[c] = _mm512_set1_ps(_cvtsh_ss(scales[c * groups + g]));
+        vb[c] = _mm512_set1_ps(_cvtsh_ss(biases[c * groups + g]));
+      }
+    }
+    for (int64_t j = 0; j < blocks_per_group; ++j, k += 32, w += 32) {
+      if (ahead > 0) {
+        for (int off = 0; off < 32 * C; off += 64) __builtin_prefetch(next + off);
+        next += 32 * C;
+      }
+      __m512 even[C], odd[C];
+      for (int c = 0; c < C; ++c) {
+        const __m512i codes =
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c * row_bytes)));
+        even[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(codes, low_byte)), vs[c], vb[c]);
+        odd[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(codes, 8)), vs[c], vb[c]);
+      }
+      for (int r = 0; r < R; ++r) {
+        __m512 x_even = _mm512_loadu_ps(x + r * a.K + k), x_odd = _mm512_loadu_ps(x + r * a.K + k + 16);
+        // One load per row, not one per column: GCC would fold the load into each fma.
+        __asm__("" : "+v"(x_even), "+v"(x_odd));
+        for (int c = 0; c < C; ++c) {
+          acc[r][c] = _mm512_fmadd_ps(x_even, even[c], acc[r][c]);
+          acc[r][c] = _mm512_fmadd_ps(x_odd, odd[c], acc[r][c]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) a.y[(m + r) * a.N + n + c] = reduce16(V16{acc[r][c]});
+}
+#endif
+
+// One R x C tile of few_rows: the AVX-512 8-bit kernel where there is one, else gemv_rows.
+template <int R, int C>
+void row_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
+#if QMM_ISA == 3
+  if (a.bits == 8) {
+    if (a.scales_f16) {
+      rows8_tile<R, C, uint16_t>(a, m, n, ahead);
+    } else {
+      rows8_tile<R, C, float>(a, m, n, ahead);
+    }
+    return;
+  }
+#endif
+  gemv_rows<R, C>(a, m, n, ahead);
+}
+
+// Up to kFewRows rows in one pass over the weights: for each tile of kTileCols columns, every row
+// sub-tile (at most kSubRows rows) in turn, while the tile's codes and the sub-tile's x are still
+// in L1; the first sub-tile prefetches the next tile. Sub-tiles of 5..8 rows take 2 columns at a
+// time (R x C accumulators in registers); each block's dequantization serves R rows either way.
+constexpr int64_t kTileCols = 16, kSubRows = 8;
+// Above it the dequantized panel wins: on AVX-512 past 16 rows; with AVX2's 16 registers (an 8 x 2
+// tile spills) already past one sub-tile.
+constexpr int64_t kFewRows = QMM_ISA == 3 ? 16 : kSubRows;
+
+template <int R>
+void sub_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t cols, bool first) {
+  constexpr int C = R <= 4 ? 4 : 2;
+  int64_t c = 0;
+  for (; c + C <= cols; c += C) row_tile<R, C>(a, m, n + c, first ? kTileCols : 0);
+  for (; c < cols; ++c) row_tile<R, 1>(a, m, n + c, first ? 1 : 0);
+}
+
+void sub_tile_rows(const QmmArgs& a, int64_t m, int64_t rows, int64_t n, int64_t cols, bool first) {
+  switch (rows) {
+    case 8: sub_tile<8>(a, m, n, cols, first); break;
+    case 7: sub_tile<7>(a, m, n, cols, first); break;
+    case 6: sub_tile<6>(a, m, n, cols, first); break;
+    case 5: sub_tile<5>(a, m, n, cols, first); break;
+    case 4: sub_tile<4>(a, m, n, cols, first); break;
+    case 3: sub_tile<3>(a, m, n, cols, first); break;
+    case 2: sub_tile<2>(a, m, n, cols, first); break;
+    default: sub_tile<1>(a, m, n, cols, first); break;
+  }
+}
+
+// Rows [m0, m1), at most kFewRows of them, split into near-equal sub-tiles of at most kSubRows.
 void few_rows(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1) {
-  for (int64_t m = m0; m < m1; m += 4) {
-    switch (m1 - m < 4 ? m1 - m : 4) {
-      case 4: gemv_rows_range<4>(a, n0, n1, m); break;
-      case 3: gemv_rows_range<3>(a, n0, n1, m); break;
-      case 2: gemv_rows_range<2>(a, n0, n1, m); break;
-      default: gemv_rows_range<1>(a, n0, n1, m); break;
+  const int64_t rows = m1 - m0, parts = (rows + kSubRows - 1) / kSubRows;
+  for (int64_t n = n0; n < n1; n += kTileCols) {
+    const int64_t cols = n1 - n < kTileCols ? n1 - n : kTileCols;
+    for (int64_t p = 0, m = m0; p < parts; ++p) {
+      const int64_t sub = rows / parts + (p < rows % parts ? 1 : 0);
+      sub_tile_rows(a, m, sub, n, cols, p == 0);
+      m += sub;
     }
   }
 }
-constexpr int64_t kFewRows = 4;  // one tile: above it, dequantizing once into the panel wins
 
 #if QMM_ISA == 3
 constexpr int64_t kTableRows = 16;  // the table's lookups are cheap enough to redo per 4-row tile
