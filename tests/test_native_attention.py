@@ -134,7 +134,8 @@ def test_compiled_call_matches_the_eager_one_with_the_position_as_an_input() -> 
 ])
 def test_bad_arguments_are_value_errors(change: str, message: str) -> None:
     q, k, v = tensors(3, 4, 2, 16, seed=9)
-    positions, buffers, rows, rope = mx.array([0], dtype=mx.int32), empty(2, 16), [3], {}
+    positions, buffers, rows = mx.array([0], dtype=mx.int32), empty(2, 16), [3]
+    inv_freq, rope_dims = None, 0
     if change == "dtype":
         q = q.astype(mx.float16)
     elif change == "heads":
@@ -148,11 +149,11 @@ def test_bad_arguments_are_value_errors(change: str, message: str) -> None:
     elif change == "buffers":
         buffers = buffers[:1]
     elif change == "inv_freq":
-        rope = {"inv_freq": mx.ones((4,)), "rope_dims": 16}
+        inv_freq, rope_dims = mx.ones((4,)), 16
     else:
         buffers = [mx.zeros((1, 3, 64, 16)), mx.zeros((1, 3, 64, 16))]
     with pytest.raises(ValueError, match=message):
-        ops.attend(q, k, v, positions, buffers, rows, 0.25, **rope)
+        ops.attend(q, k, v, positions, buffers, rows, 0.25, inv_freq=inv_freq, rope_dims=rope_dims)
 
 
 @pytest.mark.parametrize("traditional", [False, True])

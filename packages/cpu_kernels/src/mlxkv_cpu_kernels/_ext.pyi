@@ -19,6 +19,10 @@ def attend(
     rows: list[int],
     scale: float,
     *,
+    inv_freq: mx.array | None = None,
+    rope_dims: int = 0,
+    rope_traditional: bool = False,
+    rope_scale: float = 1.0,
     stream: mx.Stream | mx.Device | None = None,
 ) -> list[mx.array]: ...
 def num_threads() -> int: ...
