@@ -172,3 +172,32 @@ def test_rope_in_the_kernel_matches_mlx_rope_before_it(traditional: bool, dims: 
                                    inv_freq=inv_freq, rope_dims=dims, rope_traditional=traditional, rope_scale=scale)
     assert mx.allclose(got, want, atol=1e-5).item()
     assert mx.allclose(got_buffers[0], want_buffers[0], atol=1e-5).item()
+
+
+@pytest.mark.parametrize("which", ["nn.RoPE", "Llama3RoPE", "unknown"])
+def test_kernel_rope_reads_mlx_and_mlx_lm_rope_modules(which: str) -> None:
+    import mlx.nn as nn
+    from mlx_lm.models.rope_utils import Llama3RoPE, SuScaledRoPE
+
+    from mlxkv_inference.models.native_attention import kernel_rope
+
+    if which == "unknown":  # a variant the kernel does not model: MLX keeps rotating
+        assert kernel_rope(SuScaledRoPE(32, max_position_embeddings=4096, original_max_position_embeddings=64,
+                                        short_factor=1.0, long_factor=1.0)) is None
+        return
+    module = nn.RoPE(32, base=10000.0, scale=0.5) if which == "nn.RoPE" else Llama3RoPE(
+        32, base=500000.0, scaling_config={"factor": 8.0, "original_max_position_embeddings": 64})
+    rope = kernel_rope(module)
+    assert rope is not None and kernel_rope(module) is rope  # cached on the module
+    q, k, v = tensors(3, 4, 2, 32, seed=12)
+    at = 100
+
+    def rotated(a: mx.array) -> mx.array:
+        out: mx.array = module(heads_first(a), offset=at)[0].transpose(1, 0, 2)
+        return out
+
+    _, buffers = attend(*tensors(at, 4, 2, 32, seed=13), [0], empty(2, 32, 128), [at])
+    want, _ = attend(rotated(q), rotated(k), v, [at], buffers, [3])
+    got, *_ = ops.attend(q, k, v, mx.array([at], dtype=mx.int32), buffers, [3], 32 ** -0.5, inv_freq=rope.inv_freq,
+                         rope_dims=rope.dims, rope_traditional=rope.traditional, rope_scale=rope.scale)
+    assert mx.allclose(got, want, atol=1e-5).item()
