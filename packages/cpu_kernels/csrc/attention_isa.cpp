@@ -121,11 +121,41 @@ inline float softmax_in_place(float* w, int64_t n) {
   return 1.0f / reduce16(sum);
 }
 
+// The most query heads per kv head (primitive.cpp checks it).
+constexpr int64_t kMaxGroup = 64;
+
+// out[h] = (fma-chain over t of w_h[t] * values[t]) * inv[h] for H heads (scores `stride` apart).
+template <int C, int H>
+inline void weigh_values(const float* values, int64_t n, const float* w, int64_t stride, const float* inv,
+                         float* out) {
+  constexpr int64_t D = 16 * C;
+  V16 acc[H][C];
+  for (int h = 0; h < H; ++h)
+    for (int c = 0; c < C; ++c) acc[h][c] = V16::zero();
+  for (int64_t t = 0; t < n; ++t) {
+    V16 v[C];
+    for (int c = 0; c < C; ++c) v[c] = V16::load(values + t * D + 16 * c);
+    for (int h = 0; h < H; ++h) {
+      const V16 wt = V16::set1(w[h * stride + t]);
+      for (int c = 0; c < C; ++c) acc[h][c].fma(wt, v[c]);
+    }
+  }
+  for (int h = 0; h < H; ++h) {
+    const V16 vinv = V16::set1(inv[h]);
+    for (int c = 0; c < C; ++c) {
+      V16 o = V16::zero();
+      o.fma(acc[h][c], vinv);  // acc * inv + 0: exactly a product
+      o.store(out + h * D + 16 * c);
+    }
+  }
+}
+
 // C = D / 16 chunks of the head, known at compile time so the accumulators stay in registers.
 template <int C>
 void attend_chunks(const AttnArgs& a, const AttnSequence& s, int64_t r0, int64_t r1, int64_t g0, int64_t g1,
                    float* scratch) {
   constexpr int64_t D = 16 * C;
+  constexpr int64_t kHeadBlock = C <= 4 ? 4 : C <= 8 ? 2 : 1;
   const int64_t group = a.heads / a.kv_heads;
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t n = s.position + (r - s.first_row) + 1;
@@ -159,23 +189,21 @@ void attend_chunks(const AttnArgs& a, const AttnSequence& s, int64_t r0, int64_t
           w[t] = reduce16(d) * a.scale;
         }
       }
-      for (int64_t i = 0; i < group; ++i) {
-        float* w = scratch + i * stride;
-        const float inv = softmax_in_place(w, n);
-        V16 acc[C];
-        for (int c = 0; c < C; ++c) acc[c] = V16::zero();
-        for (int64_t t = 0; t < n; ++t) {
-          const V16 wt = V16::set1(w[t]);
-          const float* v = values + t * D;
-          for (int c = 0; c < C; ++c) acc[c].fma(wt, V16::load(v + 16 * c));
+      float inv[kMaxGroup];
+      for (int64_t i = 0; i < group; ++i) inv[i] = softmax_in_place(scratch + i * stride, n);
+      // Each value row is loaded once for a block of the group's heads (the loads, not the
+      // arithmetic, bound this loop); every head keeps its own chain.
+      float* out = a.out + (r * a.heads + g * group) * D;
+      for (int64_t i = 0; i < group;) {
+        const int64_t take = group - i < kHeadBlock ? group - i : kHeadBlock;
+        const float* w = scratch + i * stride;
+        switch (take) {
+          case 4: weigh_values<C, (kHeadBlock >= 4 ? 4 : 1)>(values, n, w, stride, inv + i, out + i * D); break;
+          case 3: weigh_values<C, (kHeadBlock >= 3 ? 3 : 1)>(values, n, w, stride, inv + i, out + i * D); break;
+          case 2: weigh_values<C, (kHeadBlock >= 2 ? 2 : 1)>(values, n, w, stride, inv + i, out + i * D); break;
+          default: weigh_values<C, 1>(values, n, w, stride, inv + i, out + i * D); break;
         }
-        float* out = a.out + (r * a.heads + g * group + i) * D;
-        const V16 vinv = V16::set1(inv);
-        for (int c = 0; c < C; ++c) {
-          V16 o = V16::zero();
-          o.fma(acc[c], vinv);  // acc * inv + 0: exactly a product
-          o.store(out + 16 * c);
-        }
+        i += take;
       }
     }
   }

@@ -164,7 +164,8 @@ std::vector<mx::array> attend(
   fail(q.ndim() == 3 && k.ndim() == 3 && v.shape() == k.shape(), "q must be (R, Hq, D), k and v (R, Hkv, D)");
   const int R = q.shape(0), heads = q.shape(1), dim = q.shape(2), kv_heads = k.shape(1);
   fail(k.shape(0) == R && k.shape(2) == dim, "k must have q's rows and head size");
-  fail(kv_heads > 0 && heads % kv_heads == 0, "query heads must be a multiple of kv heads");
+  fail(kv_heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= 64,
+       "query heads must be a multiple of kv heads, at most 64 per kv head");
   fail(dim % 16 == 0 && dim <= 256, "head size must be a multiple of 16, at most 256");
   fail(positions.dtype() == mx::int32 && positions.ndim() == 1 && positions.shape(0) == int(rows.size()),
        "positions must be int32 with one entry per sequence");
