@@ -13,62 +13,17 @@
 namespace mlxkv {
 namespace {
 
-// The 16 per-lane partial sums of one output element.
+// The 16 per-lane partial sums of one output element (V16) and their fixed reduction tree.
+#include "lanes.h"
+
+// Rows of the dequantized-panel micro-kernel: what fits the instruction set's registers.
 #if QMM_ISA == 3
-struct V16 {
-  __m512 v;
-  static V16 zero() { return {_mm512_setzero_ps()}; }
-  static V16 load(const float* p) { return {_mm512_loadu_ps(p)}; }
-  void fma(const V16& a, const V16& b) { v = _mm512_fmadd_ps(a.v, b.v, v); }
-  void store(float* p) const { _mm512_storeu_ps(p, v); }
-};
 constexpr int kRows = 4;
 #elif QMM_ISA == 2
-struct V16 {
-  __m256 lo, hi;
-  static V16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-  static V16 load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-  void fma(const V16& a, const V16& b) {
-    lo = _mm256_fmadd_ps(a.lo, b.lo, lo);
-    hi = _mm256_fmadd_ps(a.hi, b.hi, hi);
-  }
-  void store(float* p) const { _mm256_storeu_ps(p, lo); _mm256_storeu_ps(p + 8, hi); }
-};
 constexpr int kRows = 2;
 #else
-struct V16 {
-  float v[16];
-  static V16 zero() { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = 0.0f; return r; }
-  static V16 load(const float* p) { V16 r; std::memcpy(r.v, p, sizeof r.v); return r; }
-  void fma(const V16& a, const V16& b) { for (int i = 0; i < 16; ++i) v[i] = std::fmaf(a.v[i], b.v[i], v[i]); }
-  void store(float* p) const { std::memcpy(p, v, sizeof v); }
-};
 constexpr int kRows = 1;
 #endif
-
-// The fixed reduction tree shared by all instruction sets: l[i] + l[i + 8], then + 4, + 2, + 1.
-// The SIMD paths add the same pairs in registers (halves of the vector), the portable one in scalars.
-inline float reduce16(const V16& acc) {
-#if QMM_ISA >= 2
-#if QMM_ISA == 3
-  const __m256 lo = _mm512_castps512_ps256(acc.v);
-  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc.v), 1));
-#else
-  const __m256 lo = acc.lo, hi = acc.hi;
-#endif
-  const __m256 h8 = _mm256_add_ps(lo, hi);
-  const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
-  const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
-  return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
-#else
-  float l[16];
-  acc.store(l);
-  for (int i = 0; i < 8; ++i) l[i] = l[i] + l[i + 8];
-  for (int i = 0; i < 4; ++i) l[i] = l[i] + l[i + 4];
-  for (int i = 0; i < 2; ++i) l[i] = l[i] + l[i + 2];
-  return l[0] + l[1];
-#endif
-}
 
 inline float half_to_float(uint16_t h) {
   uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
