@@ -147,19 +147,21 @@ def test_every_instruction_set_gives_the_same_bits(bits: int, m: int, group_size
 
 
 @pytest.mark.usefixtures("restore_threads_and_isa")
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("m", [5, 8, 9, 16, 17])
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16])
-def test_an_8_bit_row_is_its_one_row_product_bitwise_in_every_row_tile(m: int, group_size: int, scale_dtype: mx.Dtype) -> None:
-    # 8-bit heads (the embedded model's tied lm_head) in a batched step of 5..16 rows take one pass
-    # of row sub-tiles of up to 8 rows; 17 the panel. 75 columns: 16-column tiles, then 4- and
-    # 2-column tiles and single columns. Every row of every tile must be its one-row GEMV's bits.
-    w, scales, biases = quantized(75, 384, group_size, 8, scale_dtype, seed=20)
+def test_a_row_is_its_one_row_product_bitwise_in_every_row_tile(bits: int, m: int, group_size: int, scale_dtype: mx.Dtype) -> None:
+    # A batched step or a speculative round of 5..16 rows (4-bit layers, the embedded model's 8-bit
+    # tied lm_head) takes one pass of row sub-tiles of up to 8 rows; 17 the panel. 75 columns:
+    # 16-column tiles, then 4- and 2-column tiles and single columns. Every row of every tile must
+    # be its one-row GEMV's bits.
+    w, scales, biases = quantized(75, 384, group_size, bits, scale_dtype, seed=20)
     batch = rows(m, 384, seed=21)
     for isa in supported_isas():
         ops.set_isa(isa)
-        together = as_numpy(ops.quantized_matmul(batch, w, scales, biases, group_size, 8))
-        alone = [as_numpy(ops.quantized_matmul(batch[i : i + 1], w, scales, biases, group_size, 8))[0] for i in range(m)]
+        together = as_numpy(ops.quantized_matmul(batch, w, scales, biases, group_size, bits))
+        alone = [as_numpy(ops.quantized_matmul(batch[i : i + 1], w, scales, biases, group_size, bits))[0] for i in range(m)]
         for i in range(m):
             assert np.array_equal(together[i], alone[i]), f"{isa}: row {i} of {m}"
 

@@ -251,12 +251,86 @@ void rows8_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) a.y[(m + r) * a.N + n + c] = reduce16(V16{acc[r][c]});
 }
+
+// rows8_tile for 4-bit codes: vpermps reads only the low 4 bits of each index, so the group's 16
+// possible weights fma(q, s, b), q = 0..15, computed once per group and column, are looked up
+// instead of masked, converted and fma'd per code. Same floats, same chain, same bits.
+template <typename P>
+inline __m512 group_table(const P* scales, const P* biases, int64_t g) {
+  const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  if constexpr (sizeof(P) == 4) {
+    return _mm512_fmadd_ps(q, _mm512_set1_ps(scales[g]), _mm512_set1_ps(biases[g]));
+  } else {
+    return _mm512_fmadd_ps(q, _mm512_set1_ps(_cvtsh_ss(scales[g])), _mm512_set1_ps(_cvtsh_ss(biases[g])));
+  }
+}
+
+// R rows (R <= 8) x C columns with the table: each block's looked-up weights serve all R rows,
+// x stays in registers across the C columns. Every element is gemv_rows' chain (same weights,
+// same fma order), so a row gets the same bits alone, among a speculative round's positions or
+// in a batch. `ahead` as in gemv_rows.
+template <int R, int C, typename P>
+void rows4_table(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
+  const int64_t row_bytes = a.K / 2, groups = a.K / a.group_size, blocks_per_group = a.group_size / 32;
+  const float* x = a.x + m * a.K;
+  const uint8_t* w = a.w + n * row_bytes;
+  const uint8_t* next = w + ahead * row_bytes + 256;  // the rows `ahead` columns on, 4 lines ahead
+  const P* scales = static_cast<const P*>(a.scales) + n * groups;
+  const P* biases = static_cast<const P*>(a.biases) + n * groups;
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 table[C];
+    for (int c = 0; c < C; ++c) table[c] = group_table(scales + c * groups, biases + c * groups, g);
+    for (int64_t j = 0; j < blocks_per_group; ++j, k += 32, w += 16) {
+      if (ahead > 0) {
+        for (int off = 0; off < 16 * C; off += 64) __builtin_prefetch(next + off);
+        next += 16 * C;
+      }
+      __m512 even[C], odd[C];
+      for (int c = 0; c < C; ++c) {
+        const __m512i codes =
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c * row_bytes)));
+        even[c] = _mm512_permutexvar_ps(codes, table[c]);
+        odd[c] = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table[c]);
+      }
+      for (int r = 0; r < R; ++r) {
+        __m512 x_even = _mm512_loadu_ps(x + r * a.K + k), x_odd = _mm512_loadu_ps(x + r * a.K + k + 16);
+        __asm__("" : "+v"(x_even), "+v"(x_odd));  // as in rows8_tile: one load per row
+        for (int c = 0; c < C; ++c) {
+          acc[r][c] = _mm512_fmadd_ps(x_even, even[c], acc[r][c]);
+          acc[r][c] = _mm512_fmadd_ps(x_odd, odd[c], acc[r][c]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) a.y[(m + r) * a.N + n + c] = reduce16(V16{acc[r][c]});
+}
+
+// The one-row GEMV with the table: 4 columns at a time, each call prefetching the next one's.
+template <typename P>
+void gemv_table(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) rows4_table<1, 4, P>(a, m, n, 4);
+  for (; n < n1; ++n) rows4_table<1, 1, P>(a, m, n, 1);
+}
 #endif
 
-// One R x C tile of few_rows: the AVX-512 8-bit kernel where there is one, else gemv_rows.
+// One R x C tile of few_rows: the AVX-512 kernels where there is one, else gemv_rows.
 template <int R, int C>
 void row_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
 #if QMM_ISA == 3
+  if (a.bits == 4) {
+    if (a.scales_f16) {
+      rows4_table<R, C, uint16_t>(a, m, n, ahead);
+    } else {
+      rows4_table<R, C, float>(a, m, n, ahead);
+    }
+    return;
+  }
   if (a.bits == 8) {
     if (a.scales_f16) {
       rows8_tile<R, C, uint16_t>(a, m, n, ahead);
@@ -312,91 +386,13 @@ void few_rows(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1) 
   }
 }
 
-#if QMM_ISA == 3
-constexpr int64_t kTableRows = 16;  // the table's lookups are cheap enough to redo per 4-row tile
-
-// gemv_rows for 4-bit codes on AVX-512: vpermps reads only the low 4 bits of each index, so the
-// group's 16 possible weights fma(q, s, b), q = 0..15, computed once per group and column, are
-// looked up instead of masked, converted and fma'd per code. Same floats, same chain, same bits.
-template <typename P>
-inline __m512 group_table(const P* scales, const P* biases, int64_t g) {
-  const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  if constexpr (sizeof(P) == 4) {
-    return _mm512_fmadd_ps(q, _mm512_set1_ps(scales[g]), _mm512_set1_ps(biases[g]));
-  } else {
-    return _mm512_fmadd_ps(q, _mm512_set1_ps(_cvtsh_ss(scales[g])), _mm512_set1_ps(_cvtsh_ss(biases[g])));
-  }
-}
-
-// R rows (R <= 4) x C columns with the table: each block's looked-up weights serve all R rows
-// from registers. Every element is gemv_rows' chain (same weights, same fma order), so a row gets
-// the same bits alone, in a speculative round's few positions or in a small batch.
-template <int R, int C, typename P>
-void rows4_table(const QmmArgs& a, int64_t m, int64_t n) {
-  const int64_t row_bytes = a.K / 2, groups = a.K / a.group_size, blocks_per_group = a.group_size / 32;
-  const float* x = a.x + m * a.K;
-  const uint8_t* w = a.w + n * row_bytes;
-  const uint8_t* next = w + C * row_bytes + 256;  // prefetch: the next call's rows, 4 lines ahead
-  const P* scales = static_cast<const P*>(a.scales) + n * groups;
-  const P* biases = static_cast<const P*>(a.biases) + n * groups;
-  __m512 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (int64_t g = 0; g < groups; ++g) {
-    __m512 table[C];
-    for (int c = 0; c < C; ++c) table[c] = group_table(scales + c * groups, biases + c * groups, g);
-    for (int64_t j = 0; j < blocks_per_group; ++j, k += 32, w += 16) {
-      for (int off = 0; off < 16 * C; off += 64) __builtin_prefetch(next + off);
-      next += 16 * C;
-      __m512 even[C], odd[C];
-      for (int c = 0; c < C; ++c) {
-        const __m512i codes =
-            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c * row_bytes)));
-        even[c] = _mm512_permutexvar_ps(codes, table[c]);
-        odd[c] = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table[c]);
-      }
-      for (int r = 0; r < R; ++r) {
-        const __m512 x_even = _mm512_loadu_ps(x + r * a.K + k), x_odd = _mm512_loadu_ps(x + r * a.K + k + 16);
-        for (int c = 0; c < C; ++c) {
-          acc[r][c] = _mm512_fmadd_ps(x_even, even[c], acc[r][c]);
-          acc[r][c] = _mm512_fmadd_ps(x_odd, odd[c], acc[r][c]);
-        }
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) a.y[(m + r) * a.N + n + c] = reduce16(V16{acc[r][c]});
-}
-
-template <int R, typename P>
-void rows4_table_range(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
-  int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) rows4_table<R, 4, P>(a, m, n);
-  for (; n < n1; ++n) rows4_table<R, 1, P>(a, m, n);
-}
-
-// Rows [m0, m1), at most kTableRows of them, in tiles of up to 4 rows.
-template <typename P>
-void rows_table(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1) {
-  for (int64_t m = m0; m < m1; m += 4) {
-    switch (m1 - m < 4 ? m1 - m : 4) {
-      case 4: rows4_table_range<4, P>(a, n0, n1, m); break;
-      case 3: rows4_table_range<3, P>(a, n0, n1, m); break;
-      case 2: rows4_table_range<2, P>(a, n0, n1, m); break;
-      default: rows4_table_range<1, P>(a, n0, n1, m); break;
-    }
-  }
-}
-#endif
-
 void run_gemv(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
 #if QMM_ISA == 3
   if (a.bits == 4) {
     if (a.scales_f16) {
-      rows4_table_range<1, uint16_t>(a, n0, n1, m);
+      gemv_table<uint16_t>(a, n0, n1, m);
     } else {
-      rows4_table_range<1, float>(a, n0, n1, m);
+      gemv_table<float>(a, n0, n1, m);
     }
     return;
   }
@@ -409,16 +405,6 @@ void run_range(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1,
     run_gemv(a, n0, n1, m0);
     return;
   }
-#if QMM_ISA == 3
-  if (a.bits == 4 && m1 - m0 <= kTableRows) {
-    if (a.scales_f16) {
-      rows_table<uint16_t>(a, n0, n1, m0, m1);
-    } else {
-      rows_table<float>(a, n0, n1, m0, m1);
-    }
-    return;
-  }
-#endif
   if (m1 - m0 <= kFewRows) {
     few_rows(a, n0, n1, m0, m1);
     return;
