@@ -346,18 +346,36 @@ void row_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
 // Up to kFewRows rows in one pass over the weights: for each tile of kTileCols columns, every row
 // sub-tile (at most kSubRows rows) in turn, while the tile's codes and the sub-tile's x are still
 // in L1; the first sub-tile prefetches the next tile. Sub-tiles of 5..8 rows take 2 columns at a
-// time (R x C accumulators in registers); each block's dequantization serves R rows either way.
+// time (4-bit on AVX-512: 3 at 5 or 6 rows), up to 4 rows take 4 (R x C accumulators in
+// registers); each block's dequantization serves R rows either way.
 constexpr int64_t kTileCols = 16, kSubRows = 8;
 // Above it the dequantized panel wins: on AVX-512 past 16 rows; with AVX2's 16 registers (an 8 x 2
 // tile spills) already past one sub-tile.
 constexpr int64_t kFewRows = QMM_ISA == 3 ? 16 : kSubRows;
 
-template <int R>
-void sub_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t cols, bool first) {
-  constexpr int C = R <= 4 ? 4 : 2;
+// Columns [n, n + cols) of one sub-tile, C at a time, then a pair, then singles.
+template <int R, int C>
+void sub_tile_cols(const QmmArgs& a, int64_t m, int64_t n, int64_t cols, bool first) {
   int64_t c = 0;
   for (; c + C <= cols; c += C) row_tile<R, C>(a, m, n + c, first ? kTileCols : 0);
+  if (C > 2 && c + 2 <= cols) {
+    row_tile<R, 2>(a, m, n + c, first ? kTileCols : 0);
+    c += 2;
+  }
   for (; c < cols; ++c) row_tile<R, 1>(a, m, n + c, first ? 1 : 0);
+}
+
+template <int R>
+void sub_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t cols, bool first) {
+#if QMM_ISA == 3
+  // The 4-bit tile keeps one table per column instead of a scale and a bias: 5 or 6 rows x 3
+  // columns fit the registers, and fewer columns per x load measured slower there.
+  if (a.bits == 4 && (R == 5 || R == 6)) {
+    sub_tile_cols<R, 3>(a, m, n, cols, first);
+    return;
+  }
+#endif
+  sub_tile_cols<R, R <= 4 ? 4 : 2>(a, m, n, cols, first);
 }
 
 void sub_tile_rows(const QmmArgs& a, int64_t m, int64_t rows, int64_t n, int64_t cols, bool first) {
