@@ -214,17 +214,23 @@ inline __m512 reduce16x4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 // GEMV) keeps reduce16 per element, which measured no slower there.
 template <int R, int C>
 inline void store_sums(const __m512 (&acc)[R][C], float* y, int64_t ld) {
+  // Unrolled whole, so that acc stays in registers (indexed in a loop, GCC puts it on the stack).
   if constexpr (R == 1) {
+#pragma GCC unroll 8
     for (int c = 0; c < C; ++c) y[c] = reduce16(V16{acc[0][c]});
     return;
   }
   const __m512i lanes = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+#pragma GCC unroll 8
   for (int i = 0; i < R * C; i += 4) {
     __m512 v[4];
+#pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) v[j] = i + j < R * C ? acc[(i + j) / C][(i + j) % C] : _mm512_setzero_ps();
     float sums[4];
     _mm_storeu_ps(sums, _mm512_castps512_ps128(_mm512_permutexvar_ps(lanes, reduce16x4(v[0], v[1], v[2], v[3]))));
-    for (int j = 0; j < 4 && i + j < R * C; ++j) y[(i + j) / C * ld + (i + j) % C] = sums[j];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j)
+      if (i + j < R * C) y[(i + j) / C * ld + (i + j) % C] = sums[j];
   }
 }
 
@@ -326,7 +332,7 @@ void rows4_table(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
       }
       for (int r = 0; r < R; ++r) {
         __m512 x_even = _mm512_loadu_ps(x + r * a.K + k), x_odd = _mm512_loadu_ps(x + r * a.K + k + 16);
-        __asm__("" : "+v"(x_even), "+v"(x_odd));  // as in rows8_tile: one load per row
+        if constexpr (R > 1) __asm__("" : "+v"(x_even), "+v"(x_odd));  // as in rows8_tile
         for (int c = 0; c < C; ++c) {
           acc[r][c] = _mm512_fmadd_ps(x_even, even[c], acc[r][c]);
           acc[r][c] = _mm512_fmadd_ps(x_odd, odd[c], acc[r][c]);
