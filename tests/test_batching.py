@@ -4,6 +4,7 @@ tokens it produces running alone."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import replace
@@ -207,8 +208,9 @@ def test_chunks_cut_to_the_step_budget_keep_every_token_where_the_forward_is_chu
 
 
 def test_a_time_bounded_prefill_step_cuts_chunks_from_the_last_chunks_speed() -> None:
-    """A step bound far below any real chunk: the first chunk (no speed known yet) is whole, the
-    next ones the fewest tokens a timed step feeds; the tokens stay those of running alone."""
+    """A step bound far below any real chunk: every chunk is the fewest tokens a timed step feeds
+    (the first one too, sized from the binding's step costs); the tokens stay those of running
+    alone."""
     binding = tiny("llama", False)
     params = GenerationParams(max_tokens=3, prefill_chunk=64, ignore_eos=True)
     generation = Generation(binding, make_prompt(100, seed=4), params)
@@ -218,11 +220,54 @@ def test_a_time_bounded_prefill_step_cuts_chunks_from_the_last_chunks_speed() ->
     while generation.prefilling:
         scheduler.step()
         left.append(generation.prefill_left)
-    assert left == [35, 27, 19, 11, 3, 0]
+    assert left == list(range(91, 0, -8)) + [0]
     while scheduler.running:
         scheduler.step()
     assert generation.result is not None
     assert generation.result.token_ids == Generation(binding, make_prompt(100, seed=4), params).run().token_ids
+
+
+def test_a_time_bounded_step_gives_its_time_to_one_turn_when_no_more_fits() -> None:
+    """The bound is the step's: once one prompt's turn has used it, the other prompt waits for the
+    next step (8 tokens a step in all, not 8 each); each still gets its tokens alone."""
+    binding = tiny("llama", False)
+    params = GenerationParams(max_tokens=3, prefill_chunk=64, ignore_eos=True)
+    prompts = [make_prompt(60, seed=5), make_prompt(30, seed=6)]
+    generations = [Generation(binding, p, params) for p in prompts]
+    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64, prefill_step_s=1e-9)
+    for generation in generations:
+        scheduler.add(generation)
+    left = [sum(g.prefill_left for g in generations)]
+    while any(g.prefilling for g in generations):
+        scheduler.step()
+        left.append(sum(g.prefill_left for g in generations))
+    fed = [before - after for before, after in zip(left, left[1:])]
+    assert len(fed) == math.ceil(59 / 8) + math.ceil(29 / 8) and all(1 <= n <= 8 for n in fed)  # one turn a step
+    while scheduler.running:
+        scheduler.step()
+    assert [g.result.token_ids for g in generations if g.result is not None] == [
+        Generation(binding, p, params).run().token_ids for p in prompts]
+
+
+def test_a_prompt_prefills_through_its_snapshot_points_in_one_step() -> None:
+    """A prompt within the step's budget completes in one step although its prefill stops to
+    snapshot at a point on the way (a chat's history end): the point is still taken, and the
+    tokens are those of running alone."""
+    binding = tiny("llama", False)
+    params = GenerationParams(max_tokens=4, prefill_chunk=64, ignore_eos=True)
+    prompt = make_prompt(30, seed=7)
+    snapshots: list[int] = []
+    generation = Generation(binding, prompt, params, snapshot_at=[12, 29],
+                            on_snapshot=lambda tokens, caches: snapshots.append(len(tokens)))
+    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64)
+    scheduler.add(generation)
+    outcomes = scheduler.step()
+    assert not generation.prefilling and snapshots == [12, 29]
+    assert [d.step is not None for d in outcomes[0].deltas] == [True]  # its first token came in the same step
+    while scheduler.running:
+        scheduler.step()
+    assert generation.result is not None
+    assert generation.result.token_ids == Generation(binding, prompt, params).run().token_ids
 
 
 def test_grammar_constrained_rows_batch_with_free_ones_and_match_their_tokens_alone() -> None:

@@ -6,7 +6,8 @@ prompts; the mlxkv servers run the CLI's default CPU kernels (native where built
 
 Then TTFT under a long prefill, on the `--max-batch 8` server: a short request's TTFT on the idle
 server against the p99 TTFT of short requests arriving while a 2,000-token prompt prefills.
-Run: `uv run python -m tools.bench_serve [--max-tokens N] [--streams 1,2,4,8] [--long-prompt 2000]`.
+Run: `uv run python -m tools.bench_serve [--max-tokens N] [--streams 1,2,4,8] [--long-prompt 2000]`;
+`--long-only` runs only the long-prefill measurement.
 
 `--overhead`: HTTP overhead instead: time to first token and decode tokens/s over `mlxkv serve`
 vs in-process, on the same greedy prompts; then 4 concurrent streaming clients.
@@ -140,7 +141,10 @@ def mlxkv_server(max_batch: int, *extra: str) -> Iterator[ServerProcess]:
 
 def batching(args: argparse.Namespace) -> None:
     max_tokens, streams, long_prompt = args.max_tokens, [int(n) for n in args.streams.split(",")], args.long_prompt
-    extra = ("--prefill-step-size", str(args.prefill_step_size)) if args.prefill_step_size else ()
+    extra = server_options(args)
+    if args.long_only:
+        long_prefill_only(long_prompt, args.long_rounds, extra)
+        return
     columns: dict[str, dict[int, Row]] = {}
     with mlxkv_server(1, *extra) as server:
         columns["--max-batch 1"] = server_rows(server.url, streams, max_tokens)
@@ -169,7 +173,27 @@ def batching(args: argparse.Namespace) -> None:
     if prefill is not None:
         print_long_prefill(long_prompt, *prefill)
     if extra:
-        print(f"(mlxkv servers ran with --prefill-step-size {args.prefill_step_size})")
+        print(f"(mlxkv servers ran with {' '.join(extra)})")
+
+
+def server_options(args: argparse.Namespace) -> tuple[str, ...]:
+    """The mlxkv servers' prefill options the command line sets (the CLI's defaults otherwise)."""
+    extra: tuple[str, ...] = ()
+    if args.prefill_step_size:
+        extra += ("--prefill-step-size", str(args.prefill_step_size))
+    if args.prefill_step_ms is not None:
+        extra += ("--prefill-step-ms", str(args.prefill_step_ms))
+    return extra
+
+
+def long_prefill_only(long_prompt: int, rounds: int, extra: Sequence[str]) -> None:
+    """The TTFT-under-long-prefill measurement alone, on one `--max-batch 8` server."""
+    with mlxkv_server(8, *extra) as server:
+        http_run(server.url, "Hi", 2)  # warm-up: compiled step, first-use allocations
+        prefill = long_prefill(server.url, long_prompt, rounds)
+    print_long_prefill(long_prompt, *prefill)
+    if extra:
+        print(f"(the mlxkv server ran with {' '.join(extra)})")
 
 
 SHORT_PROMPT = "Say hello in French."
@@ -245,6 +269,10 @@ def main() -> None:
     parser.add_argument("--long-rounds", type=int, default=3, metavar="N", help="long prompts to send short requests under (default: 3)")
     parser.add_argument("--prefill-step-size", type=int, default=0, metavar="N",
                         help="the mlxkv servers' --prefill-step-size (default: the CLI's)")
+    parser.add_argument("--prefill-step-ms", type=float, default=None, metavar="MS",
+                        help="the mlxkv servers' --prefill-step-ms (default: the CLI's)")
+    parser.add_argument("--long-only", action="store_true",
+                        help="only the TTFT-under-long-prefill measurement (no streams table, one server)")
     parser.add_argument("--overhead", action="store_true", help="measure HTTP overhead instead of batching")
     args = parser.parse_args()
     if not args.overhead:

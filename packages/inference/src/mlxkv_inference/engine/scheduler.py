@@ -1,7 +1,7 @@
 """Continuous batching: many generations share each step, each token what it would be alone.
 
-    step:  prefill  the prefilling generations with the least prompt left first, within the
-                    step's token budget
+    step:  prefill  the prefilling generations with the least prompt left first (the least
+                    prefill time left, under a time bound), within the step's token budget
            decode   one token for every generation past its prefill, as one batched step:
                     stacked rows through every linear, attention per row against its own caches;
                     a generation speculating this step brings its drafts as more rows (its own
@@ -110,23 +110,34 @@ class BatchScheduler:
         """Prefill the generations with the least prompt left first (ties: the one served
         longest ago), so a short prompt arriving behind a long one gets its first token in the
         next step. Once a prompt is complete, the step runs only prompts that complete within
-        the budget left: the others wait a step rather than delay the new first token."""
+        the budget left: the others wait a step rather than delay the new first token.
+
+        With a time bound the order is the least prefill time left (a token costs more the
+        deeper its context: the tail of a long prompt can outlast a whole new short one), and
+        the bound is the step's: a turn gets the time the turns before it left, if that affords
+        a timed chunk."""
         budget = self.prefill_budget
         waiting = [g for g in self.running if id(g) not in outcomes and g.prefilling]
         splittable = bool(waiting) and self.binding.verifies_positions()
-        completed = False
-        for generation in sorted(waiting, key=lambda g: (g.prefill_left, self._prefilled_at.get(id(g), -1))):
+        timed = splittable and self.prefill_step_s > 0
+        deadline = time.perf_counter() + self.prefill_step_s
+        completed, turns = False, 0
+        for generation in sorted(waiting, key=lambda g: self._prefill_order(g, timed)):
             take = min(generation.prefill_chunk, budget) if splittable else generation.prefill_chunk
             if budget <= 0 or (completed and generation.prefill_left > budget):
                 break
-            seconds = self._token_seconds.get(id(generation))
-            if splittable and self.prefill_step_s > 0 and seconds:
-                take = min(take, max(MIN_TIMED_CHUNK, int(self.prefill_step_s / seconds)))
+            if timed:
+                seconds, left_s = self._token_seconds_of(generation, take), deadline - time.perf_counter()
+                if seconds is not None:
+                    if turns and left_s < MIN_TIMED_CHUNK * seconds:  # the step's first turn always runs
+                        break
+                    take = min(take, max(MIN_TIMED_CHUNK, int(left_s / seconds)))
+            turns += 1
             self._steps += 1
             self._prefilled_at[id(generation)] = self._steps
             started = time.perf_counter()
             try:
-                fed = generation.prefill(take)
+                fed = self._prefill_turn(generation, take, splittable)
             except Exception as e:  # noqa: BLE001 - one failed generation must not stop the others
                 outcomes[id(generation)] = StepOutcome(generation, (), False, e)
                 continue
@@ -134,6 +145,34 @@ class BatchScheduler:
             if fed:
                 self._token_seconds[id(generation)] = (time.perf_counter() - started) / fed
             completed = completed or not generation.prefilling
+
+    def _prefill_order(self, generation: Generation, timed: bool) -> tuple[float, int, int]:
+        left = generation.prefill_left
+        seconds = self._token_seconds_of(generation, left) if timed else None
+        return (left * seconds if seconds is not None else 0.0, left, self._prefilled_at.get(id(generation), -1))
+
+    def _token_seconds_of(self, generation: Generation, tokens: int) -> float | None:
+        """Seconds a prompt token of `generation` costs: its last chunk's, else (no chunk yet) a
+        forward of `tokens` positions' share by the binding's step costs (None before any)."""
+        seconds = self._token_seconds.get(id(generation))
+        if seconds is not None:
+            return seconds
+        forward = self.binding.step_costs.seconds(max(min(tokens, generation.prefill_chunk), 1))
+        return forward / max(min(tokens, generation.prefill_chunk), 1) if forward else None
+
+    @staticmethod
+    def _prefill_turn(generation: Generation, take: int, splittable: bool) -> int:
+        """Feed up to `take` prompt tokens of `generation`, on through the snapshot points its
+        prefill stops at (so a short prompt completes in one step, not one step a point); returns
+        how many were fed. Where chunks may not be cut, every call is a whole chunk from where the
+        last one stopped: the boundaries of a lone run, whose chunks also restart at each point."""
+        fed = 0
+        while generation.prefilling and fed < take:
+            got = generation.prefill(take - fed if splittable else take)
+            if not got:
+                break
+            fed += got
+        return fed
 
     def _decode(self, ready: Sequence[Generation], outcomes: dict[int, StepOutcome]) -> None:
         stepping = [g for g in ready if g.needs_step]
