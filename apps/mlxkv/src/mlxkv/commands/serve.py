@@ -36,7 +36,7 @@ DEFAULT_MAX_CONNECTIONS = 64
 # tokens, here), hence also the time bound. On this CPU, 24- to 64-token chunks prefill about as
 # fast as 512-token ones.
 SERVE_PREFILL_CHUNK = 64
-SERVE_PREFILL_STEP_MS = 200.0
+SERVE_PREFILL_STEP_MS = 100.0
 
 
 def register(sub: Any) -> None:
