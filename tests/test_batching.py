@@ -279,3 +279,26 @@ def test_grammar_constrained_rows_batch_with_free_ones_and_match_their_tokens_al
     got = scheduled(scheduler, binding, specs)
     assert got == alone(binding, specs) and scheduler.batched_steps > 0
     assert all(re.fullmatch(pattern, binding.tokenizer.decode(list(tokens))) for tokens in got[1::2])
+
+
+def test_a_batch_of_native_and_quantized_kv_rows_gives_every_sequence_its_tokens_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # KV quantization starts at 40 positions: longer prompts cross it while shorter ones still
+    # attend through the native kernel, so steps mix both kinds of rows.
+    from mlxkv_inference import KvScheme
+    from mlxkv_inference.models import batched
+
+    binding = make_tiny_binding("llama", seed=4, native=True, head_dim=64,
+                                kv_scheme=KvScheme(bits=8, group_size=32, quantized_start=40))
+    mixed_steps = []
+    real = batched._mixed_attention
+
+    def counted(*args: object, **kwargs: object) -> mx.array:
+        mixed_steps.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(batched, "_mixed_attention", counted)
+    specs = make_specs(6)
+    expected = alone(binding, specs)
+    assert scheduled(BatchScheduler(binding, max_batch=6, prefill_budget=8), binding, specs) == expected
+    assert mixed_steps

@@ -127,15 +127,20 @@ def _mixed_attention(attn: Any, x: mx.array, caches: list[LayerCache], spans: Se
     mlx-lm's attention body, each as it would alone (a cache that has switched kind, e.g. to
     quantized KV, next to plain ones)."""
     native_rows = [r for (a, b), s in zip(spans, sequences) if s is not None for r in range(a, b)]
+    other_rows = [r for (a, b), s in zip(spans, sequences) if s is None for r in range(a, b)]
     native = attend_rows(attn, x[mx.array(native_rows)], [s for s in sequences if s is not None])
-    queries, keys, values = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
-    outputs, at = [], 0
+    other = x[mx.array(other_rows)]  # row-invariant projections: each row as in the whole batch
+    queries, keys, values = attn.q_proj(other), attn.k_proj(other), attn.v_proj(other)
+    outputs, at_native, at_other = [], 0, 0
     for (a, b), cache, sequence in zip(spans, caches, sequences, strict=True):
         if sequence is None:
-            outputs.append(_sequence_attention(attn, queries[a:b], keys[a:b], values[a:b], cache))
+            end = at_other + b - a
+            outputs.append(_sequence_attention(attn, queries[at_other:end], keys[at_other:end], values[at_other:end],
+                                               cache))
+            at_other = end
         else:
-            outputs.append(native[at : at + b - a])
-            at += b - a
+            outputs.append(native[at_native : at_native + b - a])
+            at_native += b - a
     out: mx.array = attn.o_proj(mx.concatenate(outputs, axis=0))
     return out
 
