@@ -53,7 +53,7 @@ void attention_run(const AttnArgs& a) {
     for (int64_t i = i0; i < i1; ++i) {
       const Item& item = rows[i / a.kv_heads];
       const int64_t g = i % a.kv_heads;
-      attend(a, *item.sequence, item.row, item.row + 1, g, g + 1, scratch[thread].data());
+      attend(a, *item.sequence, item.row, g, scratch[thread].data());
     }
   };
   pool_run(plan, task);

@@ -32,13 +32,13 @@ struct AttnArgs {
   float scale;
 };
 
-// Rows [r0, r1) (inside one sequence) and kv heads [g0, g1); scratch holds
+// Row r of sequence s and kv head g (its query heads); scratch holds
 // (Hq / Hkv) * round_up(positions + 1, 16) floats for the longest row.
-void attend_avx512(const AttnArgs& a, const AttnSequence& s, int64_t r0, int64_t r1, int64_t g0, int64_t g1,
+void attend_avx512(const AttnArgs& a, const AttnSequence& s, int64_t r, int64_t g,
                    float* scratch);
-void attend_avx2(const AttnArgs& a, const AttnSequence& s, int64_t r0, int64_t r1, int64_t g0, int64_t g1,
+void attend_avx2(const AttnArgs& a, const AttnSequence& s, int64_t r, int64_t g,
                  float* scratch);
-void attend_generic(const AttnArgs& a, const AttnSequence& s, int64_t r0, int64_t r1, int64_t g0, int64_t g1,
+void attend_generic(const AttnArgs& a, const AttnSequence& s, int64_t r, int64_t g,
                     float* scratch);
 
 // Every row and head, on the thread pool with the selected instruction set.

@@ -152,101 +152,95 @@ inline void weigh_values(const float* values, int64_t n, const float* w, int64_t
 
 // C = D / 16 chunks of the head, known at compile time so the accumulators stay in registers.
 template <int C>
-void attend_chunks(const AttnArgs& a, const AttnSequence& s, int64_t r0, int64_t r1, int64_t g0, int64_t g1,
-                   float* scratch) {
+void attend_chunks(const AttnArgs& a, const AttnSequence& s, int64_t r, int64_t g, float* scratch) {
   constexpr int64_t D = 16 * C;
   constexpr int64_t kHeadBlock = C <= 4 ? 4 : C <= 8 ? 2 : 1;
   const int64_t group = a.heads / a.kv_heads;
-  for (int64_t r = r0; r < r1; ++r) {
-    const int64_t n = s.position + (r - s.first_row) + 1;
-    const int64_t stride = (n + 15) / 16 * 16;
-    for (int64_t g = g0; g < g1; ++g) {
-      const float* keys = s.keys + g * s.capacity * D;
-      const float* values = s.values + g * s.capacity * D;
-      const float* q = a.q + (r * a.heads + g * group) * D;
-      for (int64_t i = 0; i < group; ++i) {
-        V16 qv[C];
-        for (int c = 0; c < C; ++c) qv[c] = V16::load(q + i * D + 16 * c);
-        float* w = scratch + i * stride;
-        int64_t t = 0;
-        for (; t + 4 <= n; t += 4) {  // four keys' chains side by side (each its own order)
-          V16 d0 = V16::zero(), d1 = V16::zero(), d2 = V16::zero(), d3 = V16::zero();
-          const float* k = keys + t * D;
-          for (int c = 0; c < C; ++c) {
-            d0.fma(qv[c], V16::load(k + 16 * c));
-            d1.fma(qv[c], V16::load(k + D + 16 * c));
-            d2.fma(qv[c], V16::load(k + 2 * D + 16 * c));
-            d3.fma(qv[c], V16::load(k + 3 * D + 16 * c));
-          }
-          w[t] = reduce16(d0) * a.scale;
-          w[t + 1] = reduce16(d1) * a.scale;
-          w[t + 2] = reduce16(d2) * a.scale;
-          w[t + 3] = reduce16(d3) * a.scale;
-        }
-        for (; t < n; ++t) {
-          V16 d = V16::zero();
-          for (int c = 0; c < C; ++c) d.fma(qv[c], V16::load(keys + t * D + 16 * c));
-          w[t] = reduce16(d) * a.scale;
-        }
+  const int64_t n = s.position + (r - s.first_row) + 1;
+  const int64_t stride = (n + 15) / 16 * 16;
+  const float* keys = s.keys + g * s.capacity * D;
+  const float* values = s.values + g * s.capacity * D;
+  const float* q = a.q + (r * a.heads + g * group) * D;
+  for (int64_t i = 0; i < group; ++i) {
+    V16 qv[C];
+    for (int c = 0; c < C; ++c) qv[c] = V16::load(q + i * D + 16 * c);
+    float* w = scratch + i * stride;
+    int64_t t = 0;
+    for (; t + 4 <= n; t += 4) {  // four keys' chains side by side (each its own order)
+      V16 d0 = V16::zero(), d1 = V16::zero(), d2 = V16::zero(), d3 = V16::zero();
+      const float* k = keys + t * D;
+      for (int c = 0; c < C; ++c) {
+        d0.fma(qv[c], V16::load(k + 16 * c));
+        d1.fma(qv[c], V16::load(k + D + 16 * c));
+        d2.fma(qv[c], V16::load(k + 2 * D + 16 * c));
+        d3.fma(qv[c], V16::load(k + 3 * D + 16 * c));
       }
-      float inv[kMaxGroup];
-      for (int64_t i = 0; i < group; ++i) inv[i] = softmax_in_place(scratch + i * stride, n);
-      // Each value row is loaded once for a block of the group's heads (the loads, not the
-      // arithmetic, bound this loop); every head keeps its own chain.
-      float* out = a.out + (r * a.heads + g * group) * D;
-      for (int64_t i = 0; i < group;) {
-        const int64_t take = group - i < kHeadBlock ? group - i : kHeadBlock;
-        const float* w = scratch + i * stride;
-        switch (take) {
-          case 4: weigh_values<C, (kHeadBlock >= 4 ? 4 : 1)>(values, n, w, stride, inv + i, out + i * D); break;
-          case 3: weigh_values<C, (kHeadBlock >= 3 ? 3 : 1)>(values, n, w, stride, inv + i, out + i * D); break;
-          case 2: weigh_values<C, (kHeadBlock >= 2 ? 2 : 1)>(values, n, w, stride, inv + i, out + i * D); break;
-          default: weigh_values<C, 1>(values, n, w, stride, inv + i, out + i * D); break;
-        }
-        i += take;
-      }
+      w[t] = reduce16(d0) * a.scale;
+      w[t + 1] = reduce16(d1) * a.scale;
+      w[t + 2] = reduce16(d2) * a.scale;
+      w[t + 3] = reduce16(d3) * a.scale;
     }
+    for (; t < n; ++t) {
+      V16 d = V16::zero();
+      for (int c = 0; c < C; ++c) d.fma(qv[c], V16::load(keys + t * D + 16 * c));
+      w[t] = reduce16(d) * a.scale;
+    }
+  }
+  float inv[kMaxGroup];
+  for (int64_t i = 0; i < group; ++i) inv[i] = softmax_in_place(scratch + i * stride, n);
+  // Each value row is loaded once for a block of the group's heads (the loads, not the
+  // arithmetic, bound this loop); every head keeps its own chain.
+  float* out = a.out + (r * a.heads + g * group) * D;
+  for (int64_t i = 0; i < group;) {
+    const int64_t take = group - i < kHeadBlock ? group - i : kHeadBlock;
+    const float* w = scratch + i * stride;
+    switch (take) {
+      case 4: weigh_values<C, (kHeadBlock >= 4 ? 4 : 1)>(values, n, w, stride, inv + i, out + i * D); break;
+      case 3: weigh_values<C, (kHeadBlock >= 3 ? 3 : 1)>(values, n, w, stride, inv + i, out + i * D); break;
+      case 2: weigh_values<C, (kHeadBlock >= 2 ? 2 : 1)>(values, n, w, stride, inv + i, out + i * D); break;
+      default: weigh_values<C, 1>(values, n, w, stride, inv + i, out + i * D); break;
+    }
+    i += take;
   }
 }
 
-void attend(const AttnArgs& a, const AttnSequence& s, int64_t r0, int64_t r1, int64_t g0, int64_t g1,
-            float* scratch) {
+void attend(const AttnArgs& a, const AttnSequence& s, int64_t r, int64_t g, float* scratch) {
   switch (a.dim / 16) {
-    case 1: attend_chunks<1>(a, s, r0, r1, g0, g1, scratch); break;
-    case 2: attend_chunks<2>(a, s, r0, r1, g0, g1, scratch); break;
-    case 3: attend_chunks<3>(a, s, r0, r1, g0, g1, scratch); break;
-    case 4: attend_chunks<4>(a, s, r0, r1, g0, g1, scratch); break;
-    case 5: attend_chunks<5>(a, s, r0, r1, g0, g1, scratch); break;
-    case 6: attend_chunks<6>(a, s, r0, r1, g0, g1, scratch); break;
-    case 7: attend_chunks<7>(a, s, r0, r1, g0, g1, scratch); break;
-    case 8: attend_chunks<8>(a, s, r0, r1, g0, g1, scratch); break;
-    case 9: attend_chunks<9>(a, s, r0, r1, g0, g1, scratch); break;
-    case 10: attend_chunks<10>(a, s, r0, r1, g0, g1, scratch); break;
-    case 11: attend_chunks<11>(a, s, r0, r1, g0, g1, scratch); break;
-    case 12: attend_chunks<12>(a, s, r0, r1, g0, g1, scratch); break;
-    case 13: attend_chunks<13>(a, s, r0, r1, g0, g1, scratch); break;
-    case 14: attend_chunks<14>(a, s, r0, r1, g0, g1, scratch); break;
-    case 15: attend_chunks<15>(a, s, r0, r1, g0, g1, scratch); break;
-    default: attend_chunks<16>(a, s, r0, r1, g0, g1, scratch); break;
+    case 1: attend_chunks<1>(a, s, r, g, scratch); break;
+    case 2: attend_chunks<2>(a, s, r, g, scratch); break;
+    case 3: attend_chunks<3>(a, s, r, g, scratch); break;
+    case 4: attend_chunks<4>(a, s, r, g, scratch); break;
+    case 5: attend_chunks<5>(a, s, r, g, scratch); break;
+    case 6: attend_chunks<6>(a, s, r, g, scratch); break;
+    case 7: attend_chunks<7>(a, s, r, g, scratch); break;
+    case 8: attend_chunks<8>(a, s, r, g, scratch); break;
+    case 9: attend_chunks<9>(a, s, r, g, scratch); break;
+    case 10: attend_chunks<10>(a, s, r, g, scratch); break;
+    case 11: attend_chunks<11>(a, s, r, g, scratch); break;
+    case 12: attend_chunks<12>(a, s, r, g, scratch); break;
+    case 13: attend_chunks<13>(a, s, r, g, scratch); break;
+    case 14: attend_chunks<14>(a, s, r, g, scratch); break;
+    case 15: attend_chunks<15>(a, s, r, g, scratch); break;
+    default: attend_chunks<16>(a, s, r, g, scratch); break;
   }
 }
 
 }  // namespace
 
 #if QMM_ISA == 3
-void attend_avx512(const AttnArgs& a, const AttnSequence& s, int64_t r0, int64_t r1, int64_t g0, int64_t g1,
+void attend_avx512(const AttnArgs& a, const AttnSequence& s, int64_t r, int64_t g,
                    float* scratch) {
-  attend(a, s, r0, r1, g0, g1, scratch);
+  attend(a, s, r, g, scratch);
 }
 #elif QMM_ISA == 2
-void attend_avx2(const AttnArgs& a, const AttnSequence& s, int64_t r0, int64_t r1, int64_t g0, int64_t g1,
+void attend_avx2(const AttnArgs& a, const AttnSequence& s, int64_t r, int64_t g,
                  float* scratch) {
-  attend(a, s, r0, r1, g0, g1, scratch);
+  attend(a, s, r, g, scratch);
 }
 #else
-void attend_generic(const AttnArgs& a, const AttnSequence& s, int64_t r0, int64_t r1, int64_t g0, int64_t g1,
+void attend_generic(const AttnArgs& a, const AttnSequence& s, int64_t r, int64_t g,
                     float* scratch) {
-  attend(a, s, r0, r1, g0, g1, scratch);
+  attend(a, s, r, g, scratch);
 }
 #endif
 

@@ -157,8 +157,9 @@ class BatchScheduler:
         seconds = self._token_seconds.get(id(generation))
         if seconds is not None:
             return seconds
-        forward = self.binding.step_costs.seconds(max(min(tokens, generation.prefill_chunk), 1))
-        return forward / max(min(tokens, generation.prefill_chunk), 1) if forward else None
+        positions = max(min(tokens, generation.prefill_chunk), 1)
+        forward = self.binding.step_costs.seconds(positions)
+        return forward / positions if forward else None
 
     @staticmethod
     def _prefill_turn(generation: Generation, take: int, splittable: bool) -> int:

@@ -25,6 +25,7 @@ __all__ = ["attend_rows", "native_sequence", "uses_native_attention", "use_nativ
 
 NATIVE_ATTENTION = "native/2"  # what the config fingerprint records (see binding.config_fingerprint)
 _MAX_HEAD_DIM = 256
+_MAX_GROUP = 64  # query heads per kv head (the kernel's limit)
 
 
 class NativeSequence:
@@ -70,15 +71,16 @@ def attend_rows(attn: Any, x: mx.array, sequences: Sequence[NativeSequence]) -> 
         queries, keys = attn.q_norm(queries), attn.k_norm(keys)
     dim = queries.shape[-1]
     starts = [s.position() for s in sequences]
-    if all(isinstance(p, int) for p in starts):
+    known = all(isinstance(p, int) for p in starts)
+    if known:
         firsts = mx.array(starts, dtype=mx.int32)
     else:  # the compiled step's slot: its position is an input array, and it feeds one row
         assert all(s.rows == 1 for s in sequences), "a compiled slot feeds one position a step"
         firsts = mx.concatenate([mx.array([p]) if isinstance(p, int) else p for p in starts]).astype(mx.int32)
     rope = kernel_rope(attn.rope)
     if rope is None:  # a RoPE variant the kernel does not know: MLX rotates, one position per row
-        positions = firsts if not all(isinstance(p, int) for p in starts) else mx.array(
-            [p + j for p, s in zip(starts, sequences) for j in range(s.rows)], dtype=mx.int32)
+        positions = mx.array([p + j for p, s in zip(starts, sequences) for j in range(s.rows)],
+                             dtype=mx.int32) if known else firsts
         queries = attn.rope(queries[:, :, None, :], offset=positions)[:, :, 0, :]
         keys = attn.rope(keys[:, :, None, :], offset=positions)[:, :, 0, :]
         rope = KernelRope(None, 0, False, 1.0)
@@ -129,7 +131,7 @@ class NativeAttentionMixin:
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         # NOTE: mlx-lm's mask for these caches is None, "causal" or the compiled slot's
         # `arange <= write`: all the causal attention the kernel does by itself.
-        sequence = native_sequence(cache, x.shape[0] * x.shape[1]) if x.shape[0] == 1 else None
+        sequence = native_sequence(cache, x.shape[1]) if x.shape[0] == 1 else None
         if sequence is None:
             out: mx.array = super().__call__(x, mask=mask, cache=cache)  # type: ignore[misc]
             return out
@@ -140,7 +142,8 @@ class NativeAttentionMixin:
 
 def use_native_attention(model: nn.Module, config: dict[str, Any]) -> bool:
     """Gives every attention layer of `model` the native kernel, where the model is one it
-    serves (llama-style layers, float32 activations, head size a multiple of 16 up to 256);
+    serves (llama-style layers, float32 activations, head size a multiple of 16 up to 256, at
+    most 64 query heads per kv head);
     returns whether it did."""
     from mlxkv_inference.models.batched import can_batch
 
@@ -151,7 +154,8 @@ def use_native_attention(model: nn.Module, config: dict[str, Any]) -> bool:
     attn = layers[0].self_attn
     dim = _head_dim(attn)
     probe = inner.embed_tokens(mx.array([[0]]))
-    if probe.dtype != mx.float32 or dim % 16 or dim > _MAX_HEAD_DIM or attn.n_heads % attn.n_kv_heads:
+    if probe.dtype != mx.float32 or dim % 16 or dim > _MAX_HEAD_DIM or attn.n_heads % attn.n_kv_heads \
+            or attn.n_heads // attn.n_kv_heads > _MAX_GROUP:
         return False
     classes: dict[type, type] = {}
     for layer in layers:
