@@ -7,7 +7,7 @@
 namespace mlxkv {
 
 namespace {
-constexpr int kSpins = 20000;  // ~50-100 us of pause before a worker sleeps
+constexpr int kSpins = 2000;  // ~50 us of pause (~25 ns each here) before a worker sleeps
 constexpr uint64_t kMask24 = (1u << 24) - 1;
 
 uint64_t pack(uint64_t gen, uint64_t total, uint64_t next) { return (gen & 0xffff) << 48 | total << 24 | next; }
