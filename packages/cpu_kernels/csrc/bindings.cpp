@@ -42,6 +42,8 @@ NB_MODULE(_ext, m) {
       "stream"_a = nb::none(),
       "Rotates q and k (RoPE, when rope_dims > 0), writes each sequence's new k, v rows into its "
       "(1, Hkv, capacity, D) buffers and attends causally; returns [out (R, Hq, D), keys_0, values_0, ...].");
+  m.def("swiglu", &mlxkv::swiglu, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "silu(gate) * up elementwise (float32), the same bits on every instruction set and thread count.");
   m.def("num_threads", &mlxkv::num_threads, "Threads the kernel splits output features over.");
   m.def("set_num_threads", &mlxkv::set_num_threads, "n"_a);
   m.def("isa", [] { return std::string(mlxkv::isa_name(mlxkv::current_isa())); });

@@ -11,6 +11,9 @@ struct V16 {
   static V16 set1(float x) { return {_mm512_set1_ps(x)}; }
   void fma(const V16& a, const V16& b) { v = _mm512_fmadd_ps(a.v, b.v, v); }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
+  static V16 add(const V16& a, const V16& b) { return {_mm512_add_ps(a.v, b.v)}; }
+  static V16 mul(const V16& a, const V16& b) { return {_mm512_mul_ps(a.v, b.v)}; }
+  static V16 div(const V16& a, const V16& b) { return {_mm512_div_ps(a.v, b.v)}; }
 };
 #elif QMM_ISA == 2
 struct V16 {
@@ -23,6 +26,9 @@ struct V16 {
     hi = _mm256_fmadd_ps(a.hi, b.hi, hi);
   }
   void store(float* p) const { _mm256_storeu_ps(p, lo); _mm256_storeu_ps(p + 8, hi); }
+  static V16 add(const V16& a, const V16& b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+  static V16 mul(const V16& a, const V16& b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+  static V16 div(const V16& a, const V16& b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
 };
 #else
 struct V16 {
@@ -32,6 +38,9 @@ struct V16 {
   static V16 set1(float x) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = x; return r; }
   void fma(const V16& a, const V16& b) { for (int i = 0; i < 16; ++i) v[i] = std::fmaf(a.v[i], b.v[i], v[i]); }
   void store(float* p) const { std::memcpy(p, v, sizeof v); }
+  static V16 add(const V16& a, const V16& b) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] + b.v[i]; return r; }
+  static V16 mul(const V16& a, const V16& b) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] * b.v[i]; return r; }
+  static V16 div(const V16& a, const V16& b) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] / b.v[i]; return r; }
 };
 #endif
 

@@ -10,6 +10,7 @@
 #include "attention.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "qmm.h"
+#include "swiglu.h"
 
 namespace mlxkv {
 
@@ -315,6 +316,51 @@ std::vector<mx::Shape> NativeAttention::output_shapes(const std::vector<mx::arra
 bool NativeAttention::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const NativeAttention&>(other);
   return rows_ == o.rows_ && scale_ == o.scale_ && rope_ == o.rope_;
+}
+
+mx::array swiglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s) {
+  check(gate.dtype() == mx::float32 && up.dtype() == mx::float32, "gate and up must be float32", "swiglu");
+  check(gate.shape() == up.shape(), "gate and up must have the same shape", "swiglu");
+  auto stream = mx::to_stream(s);
+  check(stream.device == mx::Device::cpu, "the native kernel runs on the CPU device only", "swiglu");
+  return mx::array(gate.shape(), mx::float32, std::make_shared<NativeSwiglu>(stream), {gate, up});
+}
+
+void NativeSwiglu::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  mx::array& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& in : inputs) encoder.set_input_array(in);
+  encoder.set_output_array(out);
+  struct Operand {
+    const float* data;
+    mx::Shape shape;
+    mx::Strides strides;
+    bool dense;
+  };
+  auto operand = [](const mx::array& a) {
+    return Operand{a.data<float>(), a.shape(), a.strides(), a.flags().row_contiguous};
+  };
+  encoder.dispatch([g = operand(inputs[0]), u = operand(inputs[1]), y = out.data<float>(), n = int64_t(out.size())]() {
+    thread_local std::vector<float> scratch;
+    auto read = [&](const Operand& a, int64_t offset) {
+      if (a.dense) return a.data;
+      scratch.resize(size_t(2 * n));
+      gather(a.data, a.shape, a.strides, scratch.data() + offset);
+      return static_cast<const float*>(scratch.data() + offset);
+    };
+    const float* gd = read(g, 0);
+    const float* ud = read(u, n);
+    swiglu_run(gd, ud, y, n);
+  });
+}
+
+void NativeSwiglu::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("MlxkvNativeSwiglu has no GPU implementation");
+}
+
+std::vector<mx::Shape> NativeSwiglu::output_shapes(const std::vector<mx::array>& inputs) {
+  return {inputs[0].shape()};
 }
 
 }  // namespace mlxkv

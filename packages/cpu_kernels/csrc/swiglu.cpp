@@ -1,0 +1,36 @@
+#include "swiglu.h"
+
+#include <algorithm>
+
+#include "qmm.h"
+
+namespace mlxkv {
+
+namespace {
+
+// Elements below which one thread does everything (a decode step's rows): waking a worker costs
+// more than the work. Chunks are whole 16-lane blocks.
+constexpr int64_t kMinParallel = int64_t(1) << 15;
+constexpr int64_t kBlock = 16;
+
+}  // namespace
+
+void swiglu_run(const float* g, const float* u, float* out, int64_t n) {
+  auto gate = current_isa() == Isa::avx512 ? swiglu_avx512
+      : current_isa() == Isa::avx2         ? swiglu_avx2
+                                           : swiglu_generic;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  int64_t chunks = 1;
+  auto plan = [&](int threads) {
+    if (n >= kMinParallel) chunks = std::min<int64_t>(blocks, threads);
+    return n == 0 ? 0 : chunks;
+  };
+  auto task = [&](int64_t chunk, int) {
+    const int64_t i0 = std::min(n, blocks * chunk / chunks * kBlock);
+    const int64_t i1 = std::min(n, blocks * (chunk + 1) / chunks * kBlock);
+    gate(g + i0, u + i0, out + i0, i1 - i0);
+  };
+  pool_run(plan, task);
+}
+
+}  // namespace mlxkv

@@ -1,0 +1,102 @@
+"""The native SwiGLU kernel (mlxkv-cpu-kernels `swiglu`) against MLX's silu(gate) * up, and the
+MLP classes it serves on the native path.
+
+The models' use of it in batched, speculative and compiled steps is pinned by the native tiny
+models of test_batching.py and test_speculative.py, which are built through the binding.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+import mlxkv_inference  # noqa: F401  (loads the BLAS shim before mlx, as the app does)
+
+if sys.platform != "linux":
+    pytest.skip("mlxkv-cpu-kernels is a Linux-only package", allow_module_level=True)
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import llama
+from mlxkv_cpu_kernels import ops
+
+from mlxkv_inference.models.native_mlp import use_native_swiglu
+
+
+@pytest.fixture
+def restore_isa() -> Iterator[None]:
+    isa, threads = ops.isa(), ops.num_threads()
+    yield
+    ops.set_isa(isa)
+    ops.set_num_threads(threads)
+
+
+def gate_and_up(shape: tuple[int, ...], seed: int, spread: float = 4.0) -> tuple[mx.array, mx.array]:
+    keys = mx.random.split(mx.random.key(seed), 2)
+    return mx.random.normal(shape, key=keys[0]) * spread, mx.random.normal(shape, key=keys[1])
+
+
+@pytest.mark.parametrize("shape", [(1, 1536), (8, 1, 1541), (3, 5), (40000,)])
+def test_matches_mlx_silu_times_up(shape: tuple[int, ...]) -> None:
+    gate, up = gate_and_up(shape, seed=1)
+    assert mx.allclose(ops.swiglu(gate, up), nn.silu(gate) * up, rtol=1e-5, atol=1e-6).item()
+
+
+def test_saturates_like_silu_at_the_ends_of_the_float_range() -> None:
+    gate = mx.array([-1e4, -200.0, -88.0, -87.0, -20.0, -0.0, 0.0, 1e-30, 20.0, 87.0, 88.0, 200.0, 1e4])
+    got = ops.swiglu(gate, mx.ones_like(gate))
+    assert mx.isfinite(got).all().item()
+    assert mx.allclose(got, nn.silu(gate), rtol=1e-5, atol=1e-30).item()
+
+
+def test_an_element_gets_the_same_bits_alone_in_a_batch_or_strided() -> None:
+    gate, up = gate_and_up((9, 1536), seed=2)
+    together = ops.swiglu(gate, up)
+    for row in (0, 4, 8):
+        assert mx.array_equal(ops.swiglu(gate[row : row + 1], up[row : row + 1]), together[row : row + 1]).item()
+    transposed = ops.swiglu(gate.T, up.T)  # strided inputs are read in place of a copy
+    assert mx.array_equal(transposed, together.T).item()
+
+
+@pytest.mark.usefixtures("restore_isa")
+def test_every_instruction_set_and_thread_count_gives_the_same_bits() -> None:
+    gate, up = gate_and_up((64, 1541), seed=3)  # enough elements to split over threads, and a tail
+    reference = ops.swiglu(gate, up)
+    mx.eval(reference)
+    for isa in ("avx512", "avx2", "generic"):
+        if isa == "avx512" and ops.best_isa() != "avx512" or isa == "avx2" and ops.best_isa() == "generic":
+            continue
+        ops.set_isa(isa)
+        for threads in (1, 2, 3):
+            ops.set_num_threads(threads)
+            assert mx.array_equal(ops.swiglu(gate, up), reference).item(), (isa, threads)
+
+
+def test_compiled_matches_eager() -> None:
+    gate, up = gate_and_up((4, 96), seed=4)
+    assert mx.array_equal(mx.compile(ops.swiglu)(gate, up), ops.swiglu(gate, up)).item()
+
+
+@pytest.mark.parametrize(("gate", "up", "message"), [
+    (mx.zeros((2, 3), dtype=mx.float16), mx.zeros((2, 3), dtype=mx.float16), "float32"),
+    (mx.zeros((2, 3)), mx.zeros((3, 2)), "same shape"),
+])
+def test_bad_arguments_are_value_errors(gate: mx.array, up: mx.array, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ops.swiglu(gate, up)
+
+
+def test_llama_mlps_get_the_kernel_and_keep_their_weights() -> None:
+    args = llama.ModelArgs(model_type="llama", hidden_size=32, num_hidden_layers=2, intermediate_size=48,
+                           num_attention_heads=4, rms_norm_eps=1e-5, vocab_size=64, num_key_value_heads=2)
+    model = llama.Model(args)
+    mx.eval(model.parameters())
+    x = mx.random.normal((1, 3, 32), key=mx.random.key(5))
+    before = model.model.layers[0].mlp(x)
+    assert use_native_swiglu(model)
+    mlp = model.model.layers[1].mlp
+    assert isinstance(mlp, llama.MLP) and type(mlp) is not llama.MLP
+    assert mx.allclose(model.model.layers[0].mlp(x), before, rtol=1e-5, atol=1e-6).item()
+    assert not use_native_swiglu(nn.Sequential(nn.Linear(2, 2)))
