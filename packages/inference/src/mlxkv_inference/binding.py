@@ -22,6 +22,7 @@ from mlxkv_inference.kv_scheme import KvScheme
 from mlxkv_inference.models import batched
 from mlxkv_inference.models.cpu_kernels import CpuKernels, use_native_kernels
 from mlxkv_inference.models.native_attention import NATIVE_ATTENTION, use_native_attention
+from mlxkv_inference.models.native_mlp import NATIVE_SWIGLU, use_native_swiglu
 from mlxkv_inference.engine.speculation import StepCosts, round_fits
 from mlxkv_inference.tokenizer.protocol import Tokenizer
 
@@ -46,10 +47,11 @@ class MlxAutoregressiveBinding:
         weights_digest: str = "",
         cpu_kernels: CpuKernels = "mlx",
     ) -> None:
-        native_attention = False
+        native_attention = native_swiglu = False
         if cpu_kernels == "native":
             use_native_kernels(model)
             native_attention = use_native_attention(model, config)
+            native_swiglu = native_attention and use_native_swiglu(model)  # float32 activations checked
         self.model = model
         self.cpu_kernels: CpuKernels = cpu_kernels
         self.tokenizer = tokenizer
@@ -59,8 +61,8 @@ class MlxAutoregressiveBinding:
         self.weight_bytes = _mlx_lm.parameter_bytes(model)
         self.tokenizer_hash = tokenizer.content_hash()
         self.native_attention = native_attention
-        self.config_fingerprint = config_fingerprint(config, kv_scheme, weights_digest, cpu_kernels,
-                                                     NATIVE_ATTENTION if native_attention else "")
+        native_ops = [op for op, used in ((NATIVE_ATTENTION, native_attention), (NATIVE_SWIGLU, native_swiglu)) if used]
+        self.config_fingerprint = config_fingerprint(config, kv_scheme, weights_digest, cpu_kernels, native_ops)
         self._compiled = CompiledDecoder(model)
         self._invariant_rows = 1  # batch sizes probed row-invariant so far (-1: a kernel is not)
         self._positions_exact: bool | None = None  # see `verifies_positions`
@@ -211,10 +213,11 @@ class MlxAutoregressiveBinding:
 
 def config_fingerprint(
     config: dict[str, Any], kv_scheme: KvScheme, weights_digest: str, cpu_kernels: CpuKernels = "mlx",
-    attention: str = "",
+    native_ops: Sequence[str] = (),
 ) -> str:
     """Hash of everything that shapes the KV a model computes: graph config, KV scheme, MLX, weights,
-    and the matmul and attention kernels (KV computed by different kernels differs in the last bits)."""
+    the matmul kernels and the layer ops they replace (`native_ops`, e.g. attention and SwiGLU: KV
+    computed by different kernels differs in the last bits)."""
     payload = {
         "config": config,
         "kv_scheme": asdict(kv_scheme),
@@ -223,7 +226,7 @@ def config_fingerprint(
     }
     if cpu_kernels != "mlx":  # the mlx path keeps the fingerprints it always had
         payload["cpu_kernels"] = cpu_kernels
-    if attention:
-        payload["attention"] = attention
+    if native_ops:
+        payload["native_ops"] = list(native_ops)
     blob = json.dumps(payload, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:32]

@@ -23,7 +23,7 @@ from mlxkv_inference.cache.slots import PlainKvDecodeSlot
 
 __all__ = ["attend_rows", "native_sequence", "uses_native_attention", "use_native_attention"]
 
-NATIVE_ATTENTION = "native/2"  # what the config fingerprint records (see binding.config_fingerprint)
+NATIVE_ATTENTION = "attention native/2"  # what the config fingerprint records (see binding.config_fingerprint)
 _MAX_HEAD_DIM = 256
 _MAX_GROUP = 64  # query heads per kv head (the kernel's limit)
 
