@@ -17,7 +17,8 @@ from mlxkv_inference.engine.cached_generation import CachedGenerator
 from mlxkv_inference.prompt_cache import TieredPromptCache
 from tests.server_process import ServerProcess
 
-# A story the embedded model tells for 200 tokens, greedy or sampled (checked), so the kill lands mid-way.
+# A story the embedded model tells for 200 tokens, its EOS barred (a server-chosen seed may end a
+# story early otherwise: seen once), so the kill lands mid-way.
 PROMPT = "Once upon a time, in a kingdom by the sea, there lived"
 MAX_TOKENS = 200
 KILL_AFTER = 100
@@ -81,7 +82,9 @@ def uninterrupted(binding: MlxAutoregressiveBinding, sampling: SamplingParams) -
 )
 def test_sigkill_then_identical_retry_continues_exactly(sampling: dict[str, Any], embedded_native: MlxAutoregressiveBinding, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    body = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "speculative": {"mode": "prompt_lookup", "num_draft_tokens": 4}, **sampling}
+    no_eos = {token: -100.0 for token in embedded_native.eos_token_ids}
+    body = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "speculative": {"mode": "prompt_lookup", "num_draft_tokens": 4},
+            "logit_bias": {str(token): bias for token, bias in no_eos.items()}, **sampling}
     first = ServerProcess(cache, "--generation-checkpoint", str(CHECKPOINT_EVERY))
     try:
         assert stream_until_killed(first, body) == KILL_AFTER
@@ -100,7 +103,8 @@ def test_sigkill_then_identical_retry_continues_exactly(sampling: dict[str, Any]
     # The checkpoint made durable before the kill (or a newer one), never an older one.
     assert usage["resumed_tokens"] == resumed_tokens
     assert resumed_tokens >= DURABLE_AT and resumed_tokens % CHECKPOINT_EVERY == 0
-    expected = uninterrupted(embedded_native, SamplingParams(temperature=float(sampling["temperature"]), seed=resumed["seed"]))
+    expected = uninterrupted(embedded_native, SamplingParams(temperature=float(sampling["temperature"]), seed=resumed["seed"],
+                                                             logit_bias=no_eos))
     assert resumed["choices"][0]["text"] == expected
     if "seed" in sampling:
         assert resumed["seed"] == sampling["seed"]
