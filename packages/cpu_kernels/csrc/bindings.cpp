@@ -44,6 +44,8 @@ NB_MODULE(_ext, m) {
       "(1, Hkv, capacity, D) buffers and attends causally; returns [out (R, Hq, D), keys_0, values_0, ...].");
   m.def("swiglu", &mlxkv::swiglu, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(),
         "silu(gate) * up elementwise (float32), the same bits on every instruction set and thread count.");
+  m.def("log_softmax", &mlxkv::log_softmax, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "x - logsumexp(x) over the last axis (float32), the same bits on every instruction set and thread count.");
   m.def("num_threads", &mlxkv::num_threads, "Threads the kernel splits output features over.");
   m.def("set_num_threads", &mlxkv::set_num_threads, "n"_a);
   m.def("isa", [] { return std::string(mlxkv::isa_name(mlxkv::current_isa())); });

@@ -1,5 +1,5 @@
 // A 16-lane expf shared by the per-ISA kernels (softmax in attention_isa.cpp, the SiLU of
-// swiglu_isa.cpp). Include it inside the anonymous namespace of a per-ISA translation unit, after
+// activations_isa.cpp). Include it inside the anonymous namespace of a per-ISA translation unit, after
 // lanes.h' includes (QMM_ISA = 0, 2 or 3; <immintrin.h>, <cstring> and <cmath> included).
 #pragma once
 

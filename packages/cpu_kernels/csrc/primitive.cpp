@@ -10,7 +10,7 @@
 #include "attention.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "qmm.h"
-#include "swiglu.h"
+#include "activations.h"
 
 namespace mlxkv {
 
@@ -360,6 +360,43 @@ void NativeSwiglu::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array
 }
 
 std::vector<mx::Shape> NativeSwiglu::output_shapes(const std::vector<mx::array>& inputs) {
+  return {inputs[0].shape()};
+}
+
+mx::array log_softmax(const mx::array& x, mx::StreamOrDevice s) {
+  check(x.dtype() == mx::float32, "x must be float32", "log_softmax");
+  check(x.ndim() >= 1 && x.shape().back() > 0, "x must have a non-empty last axis", "log_softmax");
+  auto stream = mx::to_stream(s);
+  check(stream.device == mx::Device::cpu, "the native kernel runs on the CPU device only", "log_softmax");
+  return mx::array(x.shape(), mx::float32, std::make_shared<NativeLogSoftmax>(stream), {x});
+}
+
+void NativeLogSoftmax::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::array& x = inputs[0];
+  mx::array& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  encoder.set_input_array(x);
+  encoder.set_output_array(out);
+  const int64_t n = x.shape().back(), rows = int64_t(x.size()) / n;
+  encoder.dispatch([data = x.data<float>(), shape = x.shape(), strides = x.strides(), dense = x.flags().row_contiguous,
+                    y = out.data<float>(), rows, n]() {
+    thread_local std::vector<float> scratch;
+    const float* xd = data;
+    if (!dense) {
+      scratch.resize(size_t(rows * n));
+      gather(data, shape, strides, scratch.data());
+      xd = scratch.data();
+    }
+    log_softmax_run(xd, y, rows, n);
+  });
+}
+
+void NativeLogSoftmax::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("MlxkvNativeLogSoftmax has no GPU implementation");
+}
+
+std::vector<mx::Shape> NativeLogSoftmax::output_shapes(const std::vector<mx::array>& inputs) {
   return {inputs[0].shape()};
 }
 

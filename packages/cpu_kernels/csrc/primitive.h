@@ -68,7 +68,7 @@ class NativeAttention : public mx::Primitive {
   Rope rope_;
 };
 
-// SwiGLU's gate, silu(gate) * up elementwise (swiglu.h); gate and up float32 of one shape.
+// SwiGLU's gate, silu(gate) * up elementwise (activations.h); gate and up float32 of one shape.
 mx::array swiglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s = {});
 
 class NativeSwiglu : public mx::Primitive {
@@ -79,6 +79,20 @@ class NativeSwiglu : public mx::Primitive {
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
   const char* name() const override { return "MlxkvNativeSwiglu"; }
+  bool is_equivalent(const mx::Primitive&) const override { return true; }
+};
+
+// x - logsumexp(x) over the last axis (activations.h); x float32.
+mx::array log_softmax(const mx::array& x, mx::StreamOrDevice s = {});
+
+class NativeLogSoftmax : public mx::Primitive {
+ public:
+  explicit NativeLogSoftmax(mx::Stream stream) : mx::Primitive(stream) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+  const char* name() const override { return "MlxkvNativeLogSoftmax"; }
   bool is_equivalent(const mx::Primitive&) const override { return true; }
 };
 

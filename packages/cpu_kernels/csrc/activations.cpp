@@ -1,4 +1,4 @@
-#include "swiglu.h"
+#include "activations.h"
 
 #include <algorithm>
 
@@ -29,6 +29,21 @@ void swiglu_run(const float* g, const float* u, float* out, int64_t n) {
     const int64_t i0 = std::min(n, blocks * chunk / chunks * kBlock);
     const int64_t i1 = std::min(n, blocks * (chunk + 1) / chunks * kBlock);
     gate(g + i0, u + i0, out + i0, i1 - i0);
+  };
+  pool_run(plan, task);
+}
+
+void log_softmax_run(const float* x, float* out, int64_t rows, int64_t n) {
+  auto row = current_isa() == Isa::avx512 ? log_softmax_avx512
+      : current_isa() == Isa::avx2        ? log_softmax_avx2
+                                          : log_softmax_generic;
+  int64_t chunks = 1;
+  auto plan = [&](int threads) {
+    if (rows * n >= kMinParallel) chunks = std::min<int64_t>(rows, threads);
+    return rows == 0 || n == 0 ? 0 : chunks;
+  };
+  auto task = [&](int64_t chunk, int) {
+    for (int64_t r = rows * chunk / chunks; r < rows * (chunk + 1) / chunks; ++r) row(x + r * n, out + r * n, n);
   };
   pool_run(plan, task);
 }

@@ -1,8 +1,8 @@
-"""The native SwiGLU kernel (mlxkv-cpu-kernels `swiglu`) against MLX's silu(gate) * up, and the
-MLP classes it serves on the native path.
+"""The native activation kernels (mlxkv-cpu-kernels `swiglu` and `log_softmax`) against MLX's
+silu(gate) * up and x - logsumexp(x), and the MLP classes SwiGLU serves on the native path.
 
-The models' use of it in batched, speculative and compiled steps is pinned by the native tiny
-models of test_batching.py and test_speculative.py, which are built through the binding.
+The models' use of them in batched, speculative and compiled steps (and the sampler's) is pinned
+by the native tiny models of test_batching.py and test_speculative.py, built through the binding.
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def test_an_element_gets_the_same_bits_alone_in_a_batch_or_strided() -> None:
 @pytest.mark.usefixtures("restore_isa")
 def test_every_instruction_set_and_thread_count_gives_the_same_bits() -> None:
     gate, up = gate_and_up((64, 1541), seed=3)  # enough elements to split over threads, and a tail
-    reference = ops.swiglu(gate, up)
+    logits = gate * 3
+    reference = [ops.swiglu(gate, up), ops.log_softmax(logits)]
     mx.eval(reference)
     for isa in ("avx512", "avx2", "generic"):
         if isa == "avx512" and ops.best_isa() != "avx512" or isa == "avx2" and ops.best_isa() == "generic":
@@ -71,12 +72,35 @@ def test_every_instruction_set_and_thread_count_gives_the_same_bits() -> None:
         ops.set_isa(isa)
         for threads in (1, 2, 3):
             ops.set_num_threads(threads)
-            assert mx.array_equal(ops.swiglu(gate, up), reference).item(), (isa, threads)
+            assert mx.array_equal(ops.swiglu(gate, up), reference[0]).item(), (isa, threads)
+            assert mx.array_equal(ops.log_softmax(logits), reference[1]).item(), (isa, threads)
+
+
+@pytest.mark.parametrize("shape", [(1, 49152), (8, 1000), (3, 5), (17,)])
+def test_log_softmax_matches_mlx(shape: tuple[int, ...]) -> None:
+    logits = mx.random.normal(shape, key=mx.random.key(6)) * 8
+    reference = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    got = ops.log_softmax(logits)
+    assert mx.allclose(got, reference, rtol=1e-5, atol=1e-5).item()
+    assert mx.array_equal(mx.argmax(got, axis=-1), mx.argmax(reference, axis=-1)).item()
+
+
+def test_log_softmax_rows_are_their_own_and_masked_tokens_stay_minus_infinity() -> None:
+    logits = mx.random.normal((9, 1000), key=mx.random.key(7)) * 8
+    logits[2, 10:500] = -mx.inf  # a grammar mask
+    together = ops.log_softmax(logits)
+    for row in (0, 2, 8):
+        assert mx.array_equal(ops.log_softmax(logits[row : row + 1]), together[row : row + 1]).item()
+    strided = mx.random.normal((4, 2000), key=mx.random.key(8))[:, ::2]  # read in place of a copy
+    assert mx.array_equal(ops.log_softmax(strided), ops.log_softmax(strided + 0)).item()
+    assert (together[2, 10:500] == -mx.inf).all().item()
+    assert mx.allclose(mx.exp(together).sum(axis=-1), mx.ones((9,)), atol=1e-5).item()
 
 
 def test_compiled_matches_eager() -> None:
     gate, up = gate_and_up((4, 96), seed=4)
     assert mx.array_equal(mx.compile(ops.swiglu)(gate, up), ops.swiglu(gate, up)).item()
+    assert mx.array_equal(mx.compile(ops.log_softmax)(gate), ops.log_softmax(gate)).item()
 
 
 @pytest.mark.parametrize(("gate", "up", "message"), [
@@ -86,17 +110,19 @@ def test_compiled_matches_eager() -> None:
 def test_bad_arguments_are_value_errors(gate: mx.array, up: mx.array, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ops.swiglu(gate, up)
+    with pytest.raises(ValueError, match="float32"):
+        ops.log_softmax(mx.zeros((2, 3), dtype=mx.float16))
 
 
 def test_llama_mlps_get_the_kernel_and_keep_their_weights() -> None:
     args = llama.ModelArgs(model_type="llama", hidden_size=32, num_hidden_layers=2, intermediate_size=48,
                            num_attention_heads=4, rms_norm_eps=1e-5, vocab_size=64, num_key_value_heads=2)
     model = llama.Model(args)
-    mx.eval(model.parameters())
+    mx.eval(model.parameters())  # type: ignore[no-untyped-call]  # mlx leaves it untyped
     x = mx.random.normal((1, 3, 32), key=mx.random.key(5))
     before = model.model.layers[0].mlp(x)
     assert use_native_swiglu(model)
     mlp = model.model.layers[1].mlp
     assert isinstance(mlp, llama.MLP) and type(mlp) is not llama.MLP
     assert mx.allclose(model.model.layers[0].mlp(x), before, rtol=1e-5, atol=1e-6).item()
-    assert not use_native_swiglu(nn.Sequential(nn.Linear(2, 2)))
+    assert not use_native_swiglu(nn.Linear(2, 2))

@@ -1,0 +1,27 @@
+// Float kernels built on exp16 (exp16.h), one rounding per operation, so every instruction set
+// and thread count gives the same bits:
+//   swiglu:      out[i] = (g[i] * (1 / (1 + exp(-g[i])))) * u[i], exp's argument clamped to
+//                [-87, 88]; an element depends on its own two inputs alone.
+//   log_softmax: out[r, i] = x[r, i] - (m + log(s)), m = max of row r, s = reduce16 of 16 lane sums
+//                of exp(x[r, t] - m), lane l adding the t with t % 16 == l in ascending order (the
+//                sum softmax takes in attention.h); a row depends on itself alone.
+#pragma once
+
+#include <cstdint>
+
+namespace mlxkv {
+
+void swiglu_avx512(const float* g, const float* u, float* out, int64_t n);
+void swiglu_avx2(const float* g, const float* u, float* out, int64_t n);
+void swiglu_generic(const float* g, const float* u, float* out, int64_t n);
+
+void log_softmax_avx512(const float* x, float* out, int64_t n);
+void log_softmax_avx2(const float* x, float* out, int64_t n);
+void log_softmax_generic(const float* x, float* out, int64_t n);
+
+// All n elements on the thread pool with the selected instruction set.
+void swiglu_run(const float* g, const float* u, float* out, int64_t n);
+// All rows (n elements each) on the thread pool with the selected instruction set.
+void log_softmax_run(const float* x, float* out, int64_t rows, int64_t n);
+
+}  // namespace mlxkv

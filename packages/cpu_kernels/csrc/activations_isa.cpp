@@ -1,0 +1,76 @@
+// One instruction set's activation kernels (see activations.h); compiled three times like qmm_isa.cpp, with the
+// same rule: an anonymous namespace and no std templates.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "activations.h"
+
+#if QMM_ISA >= 2
+#include <immintrin.h>
+#endif
+
+namespace mlxkv {
+namespace {
+
+#include "lanes.h"
+#include "exp16.h"
+
+inline void swiglu16(const float* g, const float* u, float* out) {
+  const V16 gate = V16::load(g), one = V16::set1(1.0f);
+  float e[16];
+  V16::mul(gate, V16::set1(-1.0f)).store(e);  // -g, exactly
+  exp16(e, 0.0f, e);
+  const V16 sigmoid = V16::div(one, V16::add(one, V16::load(e)));
+  V16::mul(V16::mul(gate, sigmoid), V16::load(u)).store(out);
+}
+
+void swiglu(const float* g, const float* u, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) swiglu16(g + i, u + i, out + i);
+  if (i < n) {  // the tail through a zero-padded block: lanes never mix, so the same bits
+    float gt[16] = {}, ut[16] = {}, ot[16];
+    std::memcpy(gt, g + i, size_t(n - i) * sizeof(float));
+    std::memcpy(ut, u + i, size_t(n - i) * sizeof(float));
+    swiglu16(gt, ut, ot);
+    std::memcpy(out + i, ot, size_t(n - i) * sizeof(float));
+  }
+}
+
+// The largest of x[0..n): exact in any order.
+inline float max_of(const float* x, int64_t n) {
+  float top = x[0];
+  for (int64_t t = 1; t < n; ++t) top = x[t] > top ? x[t] : top;
+  return top;
+}
+
+void log_softmax(const float* x, float* out, int64_t n) {
+  const float top = max_of(x, n);
+  V16 sum = V16::zero();
+  const V16 one = V16::set1(1.0f);
+  float block[16];
+  for (int64_t t = 0; t < n; t += 16) {
+    const int64_t take = n - t < 16 ? n - t : 16;
+    for (int64_t i = 0; i < 16; ++i) block[i] = i < take ? x[t + i] : top;
+    exp16(block, top, block);
+    for (int64_t i = take; i < 16; ++i) block[i] = 0.0f;
+    sum.fma(V16::load(block), one);  // e * 1 + sum: exactly an add
+  }
+  const float lse = top + std::log(reduce16(sum));
+  for (int64_t t = 0; t < n; ++t) out[t] = x[t] - lse;
+}
+
+}  // namespace
+
+#if QMM_ISA == 3
+void swiglu_avx512(const float* g, const float* u, float* out, int64_t n) { swiglu(g, u, out, n); }
+void log_softmax_avx512(const float* x, float* out, int64_t n) { log_softmax(x, out, n); }
+#elif QMM_ISA == 2
+void swiglu_avx2(const float* g, const float* u, float* out, int64_t n) { swiglu(g, u, out, n); }
+void log_softmax_avx2(const float* x, float* out, int64_t n) { log_softmax(x, out, n); }
+#else
+void swiglu_generic(const float* g, const float* u, float* out, int64_t n) { swiglu(g, u, out, n); }
+void log_softmax_generic(const float* x, float* out, int64_t n) { log_softmax(x, out, n); }
+#endif
+
+}  // namespace mlxkv
