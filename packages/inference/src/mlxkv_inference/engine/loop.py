@@ -152,7 +152,7 @@ class SequenceRun:
             self._history = mx.concatenate([self._history, fed.astype(mx.int32)])[-self._window :]
         for processor in self._processors:
             logits = processor(self._history, logits)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        logprobs = self.binding.log_softmax(logits)
         y = self._sampler(logprobs, self.step)
         mx.eval(y, logprobs)
         self._next = y.astype(mx.uint32)
