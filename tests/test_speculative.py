@@ -231,6 +231,19 @@ def test_step_costs_interpolate_between_measured_sizes_and_extrapolate_past_them
     assert costs.relative(3) == pytest.approx(2.0) and costs.relative(9, base=3) == pytest.approx(2.0)
 
 
+def test_step_costs_never_extrapolate_below_what_fewer_rows_measured() -> None:
+    costs = StepCosts()  # noisy timings of a tiny model: 9 rows measured faster than 5
+    costs.record(1, 0.010)
+    costs.record(5, 0.030)
+    costs.record(9, 0.020)
+    assert costs.seconds(59) == pytest.approx(0.030)  # the line through 5 and 9 would go below 0
+    assert costs.seconds(7) == pytest.approx(0.030)
+    below = StepCosts()
+    below.record(4, 0.020)
+    below.record(8, 0.060)
+    assert below.seconds(1) == pytest.approx(0.005)  # the line would give -0.01: scaled from 4 rows instead
+
+
 class RepeatLast:
     """A proposer that guesses the last token again (costly in the controller's eyes: not prompt lookup)."""
 

@@ -123,7 +123,8 @@ class StepCosts:
 
     def seconds(self, rows: int) -> float | None:
         """Measured seconds for `rows`, else interpolated (or extrapolated) from the nearest
-        measured row counts; None before two row counts are measured."""
+        measured row counts, never below what fewer rows measured (more rows never cost less;
+        noisy timings could extrapolate to nothing); None before two row counts are measured."""
         with self._lock:
             known = sorted(self._seconds.items())
         exact = dict(known).get(rows)
@@ -132,7 +133,8 @@ class StepCosts:
         below = [p for p in known if p[0] < rows]
         above = [p for p in known if p[0] > rows]
         (r0, t0), (r1, t1) = (below[-1], above[0]) if below and above else (known[-2:] if below else known[:2])
-        return max(t0 + (t1 - t0) * (rows - r0) / (r1 - r0), 0.0)
+        floor = max(t for _, t in below) if below else known[0][1] * rows / known[0][0]
+        return max(t0 + (t1 - t0) * (rows - r0) / (r1 - r0), floor)
 
     def relative(self, rows: int, base: int = 1) -> float:
         """What a forward of `rows` positions costs against one of `base` positions."""
