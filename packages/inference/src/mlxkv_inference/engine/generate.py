@@ -231,10 +231,12 @@ class Generation:
     def prefill_chunk(self) -> int:
         return self._params.prefill_chunk
 
-    def step_input(self, batch: int = 1) -> mx.array:
+    def step_input(self, batch: int = 1, sequences: int = 1) -> mx.array:
         """The tokens the next decode step feeds: the pending token, then the drafts of a
-        speculative round (if this step speculates). `batch`: the generations sharing the step."""
-        self._drafts = self._draft(batch)
+        speculative round (if this step speculates). `batch`: the rows the step feeds besides
+        this generation's drafts (its own pending token included); `sequences`: the generations
+        sharing the step (this one included)."""
+        self._drafts = self._draft(batch, sequences)
         tokens = self._run.round_input(self._drafts) if self._drafts else self._run.decode_input()
         self._round_rows = int(tokens.size)
         return tokens
@@ -285,7 +287,7 @@ class Generation:
         self._drafts = []
         return deltas
 
-    def _draft(self, batch: int) -> list[int]:
+    def _draft(self, batch: int, sequences: int) -> list[int]:
         """Drafts for the next step, as many as may be verified in one forward exactly: within
         max_tokens, not past a checkpoint (one may fall only on a round's last token, when the
         caches hold exactly the tokens before it), and where `round_fits` allows."""
@@ -300,7 +302,7 @@ class Generation:
             limit = min(limit, due - n)
         limit = min(limit, round_fits(self.caches, limit + 1, self._binding.kv_scheme) - 1)
         history = self.prompt[: self._original_prompt] + self._yielded
-        return spec.drafts(history, limit, batch)
+        return spec.drafts(history, limit, batch, sequences)
 
     def _take(self, step: TokenStep) -> list[TextDelta]:
         self._last_step = step

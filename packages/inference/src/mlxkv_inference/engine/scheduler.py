@@ -180,8 +180,15 @@ class BatchScheduler:
         for generation in (g for g in ready if not g.needs_step):  # a resumed generation's pending token
             outcomes[id(generation)] = StepOutcome(generation, tuple(generation.accept(None)), False)
         shared = len(stepping) > 1 and self.binding.can_decode_batch([g.caches for g in stepping])
-        inputs = [g.step_input(len(stepping) if shared else 1) for g in stepping]
-        rows = sum(int(t.size) for t in inputs)
+        inputs: list[mx.array] = []
+        rows = 0
+        for i, generation in enumerate(stepping):
+            # The step's rows besides this generation's drafts: what the ones before it chose,
+            # one row for each after it. (Each judging its drafts against a step of one row per
+            # generation, all eight of a batch drafted, and the 16-row step cost what none expected.)
+            others = rows + len(stepping) - i if shared else 1
+            inputs.append(generation.step_input(others, len(stepping) if shared else 1))
+            rows += int(inputs[-1].size)
         if len(stepping) > 1 and self.binding.can_decode_batch([g.caches for g in stepping], rows):
             self._decode_batched(stepping, inputs, outcomes)
             return

@@ -1,10 +1,13 @@
 """One generation's speculation: its proposer, how many drafts a round verifies, and its counts.
 
 The draft length maximises expected tokens per unit of step time: with a per-draft acceptance
-rate a (decayed counts of this sequence's rounds), k drafts yield (1 - a^(k+1)) / (1 - a) tokens
-for the cost of k more rows in the step's forward (`StepCosts`, measured on the running machine:
-one more row costs a lone sequence more than it costs a step already running eight), plus, for a
-draft model, the measured time of drafting k tokens. Where no k beats a plain step, the round is
+rate a (decayed counts of this sequence's rounds), k drafts yield E(k) = (1 - a^(k+1)) / (1 - a)
+tokens for the cost of k more rows in the step's forward (`StepCosts`, measured on the running
+machine: one more row costs a lone sequence more than it costs a step already running eight),
+plus, for a draft model, the measured time of drafting k tokens. In a step shared by n
+generations the step's tokens count, not this one's: its drafts make every row wait, so the gain
+is (n - 1 + E(k)) / (n * cost) (E(k) / cost alone); eight generations drafting at the 40-70%
+acceptance of chat answers each judged their own tokens and together slowed a batch by 15-20%. Where no k beats a plain step, the round is
 a plain step: speculation off where it loses. Prompt lookup drafts cost nothing, so while off it still checks its guesses against the
 tokens produced and turns itself back on when they start matching; a draft model is retried
 with one draft after `RETRY_EVERY` plain steps, twice as many after each retry that misses.
@@ -44,13 +47,14 @@ class Speculator:
     def acceptance(self) -> float:
         return self._hits / (self._hits + self._misses)
 
-    def drafts(self, history: Sequence[int], limit: int, batch: int = 1) -> list[int]:
+    def drafts(self, history: Sequence[int], limit: int, batch: int = 1, sequences: int = 1) -> list[int]:
         """The drafts the next step verifies (empty: a plain step); at most `limit`. `batch`:
-        the sequences sharing the step (their rows make each draft row relatively cheaper)."""
+        the rows the step feeds besides these drafts (they make each draft row relatively cheaper);
+        `sequences`: the generations sharing the step (this one included)."""
         self._shadow = []
         if limit < 1:
             return []
-        k = self._length(limit, max(batch, 1))
+        k = self._length(limit, max(batch, 1), max(sequences, 1))
         if k == 0:
             self._idle_steps += 1
             if self._free:
@@ -88,7 +92,7 @@ class Speculator:
             self.drafted += len(drafts)
             self.accepted += min(accepted, len(produced) - 1)
 
-    def _length(self, limit: int, batch: int) -> int:
+    def _length(self, limit: int, batch: int, sequences: int) -> int:
         if not self.params.adaptive:
             return limit
         rate = min(self.acceptance, 0.999)
@@ -97,7 +101,8 @@ class Speculator:
         best_k, best = 0, 1.0
         for k in range(1, limit + 1):
             expected = (1 - rate ** (k + 1)) / (1 - rate)
-            gain = expected / (self._costs.relative(batch + k, batch) + k * drafting)
+            cost = self._costs.relative(batch + k, batch) + k * drafting
+            gain = (sequences - 1 + expected) / (sequences * cost)
             if gain > best * GAIN_MARGIN:
                 best_k, best = k, gain
         return best_k
