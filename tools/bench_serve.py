@@ -2,7 +2,10 @@
 streaming clients, in one run, on `mlxkv serve --max-batch 8`, on `--max-batch 1`, and on
 mlx_lm.server (mlx-lm's own batching) over the same weights: the embedded model written out as an
 mlx-lm directory (`tools.mlx_lm_reference`). No prompt cache on any server, greedy, distinct
-prompts; the mlxkv servers run the CLI's default CPU kernels (native where built).
+prompts; the mlxkv servers run the CLI's default CPU kernels (native where built). Every stream's
+EOS is barred (`logit_bias`, on every server), so each runs its max tokens and N streams stay N
+concurrent sequences to the end (most of these prompts' answers end within 20-30 tokens, leaving a
+batch of two or three); `--stop-at-eos` lets answers end.
 
 Then TTFT under a long prefill, on the `--max-batch 8` server: a short request's TTFT on the idle
 server against the p99 TTFT of short requests arriving while a 2,000-token prompt prefills.
@@ -40,9 +43,11 @@ from tools.mlx_lm_reference import MlxLmServer, write_mlx_lm_directory
 PROMPTS = ["Write a short story about a lighthouse keeper.", "Explain how a bicycle works.", "Describe a walk in the forest."]
 
 
-def http_run(url: str, prompt: str, max_tokens: int) -> tuple[float, float, int]:
+def http_run(url: str, prompt: str, max_tokens: int, logit_bias: dict[str, float] | None = None) -> tuple[float, float, int]:
     """(ttft s, decode tok/s, tokens) of one streamed chat completion."""
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0}
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0}
+    if logit_bias:
+        body["logit_bias"] = logit_bias
     ttft, decode_s, tokens = timed_stream(url, "/v1/chat/completions", body)
     return ttft, (tokens - 1) / decode_s if decode_s > 0 else 0.0, tokens
 
@@ -90,13 +95,14 @@ STREAM_PROMPTS = PROMPTS + ["List five fruits.", "What is a prime number?", "Say
 STREAMS = (1, 2, 4, 8)
 
 
-def concurrent_runs(url: str, streams: int, max_tokens: int) -> tuple[float, list[float]]:
+def concurrent_runs(url: str, streams: int, max_tokens: int,
+                    logit_bias: dict[str, float] | None = None) -> tuple[float, list[float]]:
     """(aggregate decode tok/s, TTFTs) of `streams` simultaneous clients (first tokens excluded)."""
     results: list[tuple[float, float, int]] = []
     ends: list[float] = []
 
     def client(prompt: str) -> None:
-        results.append(http_run(url, prompt, max_tokens))
+        results.append(http_run(url, prompt, max_tokens, logit_bias))
         ends.append(time.perf_counter())
 
     threads = [threading.Thread(target=client, args=(STREAM_PROMPTS[i],)) for i in range(streams)]
@@ -119,11 +125,12 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(fraction * len(ordered)) - 1)]
 
 
-def server_rows(url: str, streams: Sequence[int], max_tokens: int) -> dict[int, Row]:
+def server_rows(url: str, streams: Sequence[int], max_tokens: int,
+                logit_bias: dict[str, float] | None = None) -> dict[int, Row]:
     http_run(url, "Hi", 2)  # warm-up: compiled step, first-use allocations
     rows: dict[int, Row] = {}
     for n in streams:
-        tps, ttfts = concurrent_runs(url, n, max_tokens)
+        tps, ttfts = concurrent_runs(url, n, max_tokens, logit_bias)
         rows[n] = (tps, statistics.median(ttfts), percentile(ttfts, 0.99))
     return rows
 
@@ -146,20 +153,22 @@ def batching(args: argparse.Namespace) -> None:
         long_prefill_only(long_prompt, args.long_rounds, extra)
         return
     columns: dict[str, dict[int, Row]] = {}
+    bias = None if args.stop_at_eos else no_eos()
     with mlxkv_server(1, *extra) as server:
-        columns["--max-batch 1"] = server_rows(server.url, streams, max_tokens)
+        columns["--max-batch 1"] = server_rows(server.url, streams, max_tokens, bias)
     with mlxkv_server(8, *extra) as server:
         health = httpx.get(server.url + "/health", timeout=30).json()
-        columns["--max-batch 8"] = server_rows(server.url, streams, max_tokens)
+        columns["--max-batch 8"] = server_rows(server.url, streams, max_tokens, bias)
         prefill = long_prefill(server.url, long_prompt, args.long_rounds) if long_prompt else None
     if args.reference:
         with tempfile.TemporaryDirectory(prefix="mlxkv-bench-mlx-lm-") as scratch:
             reference_server = MlxLmServer(write_mlx_lm_directory(Path(scratch) / "SmolLM2-135M-Instruct-Q4_1"))
             try:
-                columns["mlx_lm.server"] = server_rows(reference_server.url, streams, max_tokens)
+                columns["mlx_lm.server"] = server_rows(reference_server.url, streams, max_tokens, bias)
             finally:
                 reference_server.stop()
-    print(f"greedy, {max_tokens} tokens a stream, no prompt cache; mlxkv cpu kernels {health['cpu_kernels']}, "
+    ending = "answers end at EOS" if bias is None else "EOS barred"
+    print(f"greedy, {max_tokens} tokens a stream ({ending}), no prompt cache; mlxkv cpu kernels {health['cpu_kernels']}, "
           f"BLAS {health['blas']}; aggregate decode tok/s and TTFT p50/p99 (s)")
     print("  " + f"{'streams':>7} | " + " | ".join(f"{name:^29}" for name in columns)
           + " | 8 vs 1" + (" | mlxkv/mlx_lm: tok/s, TTFT p50" if args.reference else ""))
@@ -174,6 +183,11 @@ def batching(args: argparse.Namespace) -> None:
         print_long_prefill(long_prompt, *prefill)
     if extra:
         print(f"(mlxkv servers ran with {' '.join(extra)})")
+
+
+def no_eos() -> dict[str, float]:
+    """A logit_bias that bars the embedded model's end-of-sequence tokens."""
+    return {str(token): -100.0 for token in load_binding(cpu_kernels="mlx").eos_token_ids}
 
 
 def server_options(args: argparse.Namespace) -> tuple[str, ...]:
@@ -263,6 +277,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--streams", default=",".join(map(str, STREAMS)), help="concurrencies, comma-separated (default: 1,2,4,8)")
+    parser.add_argument("--stop-at-eos", action="store_true",
+                        help="let answers end at EOS (default: bar it, so every stream runs --max-tokens)")
     parser.add_argument("--no-mlx-lm", dest="reference", action="store_false", help="skip the mlx_lm.server reference row")
     parser.add_argument("--long-prompt", type=int, default=2000, metavar="TOKENS",
                         help="prompt length for the TTFT-under-long-prefill measurement (default: 2000; 0 skips it)")
