@@ -22,7 +22,8 @@ import mlx.nn as nn
 from mlx_lm.models import llama
 from mlxkv_cpu_kernels import ops
 
-from mlxkv_inference.models.native_mlp import use_native_swiglu
+from mlxkv_inference.models.native_mlp import NativeSwigluMixin, use_native_swiglu
+from tests.factories import make_tiny_binding
 
 
 @pytest.fixture
@@ -126,3 +127,11 @@ def test_llama_mlps_get_the_kernel_and_keep_their_weights() -> None:
     assert isinstance(mlp, llama.MLP) and type(mlp) is not llama.MLP
     assert mx.allclose(model.model.layers[0].mlp(x), before, rtol=1e-5, atol=1e-6).item()
     assert not use_native_swiglu(nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_the_native_binding_gives_its_mlps_the_kernel(kind: str) -> None:
+    binding = make_tiny_binding(kind, seed=4, native=True)
+    layers = getattr(binding.model, "model").layers
+    assert all(isinstance(layer.mlp, NativeSwigluMixin) for layer in layers)
+    assert make_tiny_binding(kind, seed=4).config_fingerprint != binding.config_fingerprint
