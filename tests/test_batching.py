@@ -63,6 +63,7 @@ def test_every_row_of_a_batched_step_is_bitwise_the_row_alone(kind: str, quantiz
         assert [bool(mx.array_equal(batch[r], rows[r][0]).item()) for r in range(8)] == [True] * 8
         tokens = [greedy_token(row) for row in rows]
     assert rows_invariant(binding.model, 8) and binding.can_decode_batch(stacked)
+    assert binding.can_decode_batch(stacked, 9) and binding.can_decode_batch(stacked, 16)  # 9 rows probes up to 16
 
 
 def test_a_kernel_whose_rows_depend_on_their_neighbours_is_not_batched_and_stays_exact() -> None:
@@ -72,6 +73,7 @@ def test_a_kernel_whose_rows_depend_on_their_neighbours_is_not_batched_and_stays
     swapped.weight = mlp.down_proj.weight
     mlp.down_proj = swapped
     assert not rows_invariant(binding.model, 8)
+    assert not rows_invariant(binding.model, 9, checked=8)  # a later probe checks the new sizes
     specs = make_specs(4)
     scheduler = BatchScheduler(binding, max_batch=4, prefill_budget=8)
     assert scheduled(scheduler, binding, specs) == alone(binding, specs)

@@ -202,8 +202,10 @@ class MlxAutoregressiveBinding:
         if self._invariant_rows < 0 or not batched.can_batch(self.model, self.config, caches):
             return False
         if rows > self._invariant_rows:
-            probed = max(rows, PROBED_ROWS)
-            self._invariant_rows = probed if batched.rows_invariant(self.model, probed) else -1
+            # Twice what was probed: a batch that outgrew it (speculative rounds add rows) stalls
+            # every running sequence once more per doubling, not once a row; sizes probed stay probed.
+            probed = max(rows, 2 * self._invariant_rows, PROBED_ROWS)
+            self._invariant_rows = probed if batched.rows_invariant(self.model, probed, self._invariant_rows) else -1
             if self._invariant_rows < 0:
                 log.warning("a matmul kernel of this model is not row-invariant: batched decode runs a graph per row")
         return rows <= self._invariant_rows
