@@ -65,6 +65,65 @@ def test_a_newer_job_supersedes_a_queued_one_and_if_absent_drops_a_duplicate() -
     writer.close()
 
 
+def test_flush_waits_for_what_was_submitted_before_it_not_for_an_empty_queue() -> None:
+    """A batch of generations checkpointing every few tokens keeps the queue busy: a flush must
+    return once the jobs before it are durable, and a job it is owed is not superseded meanwhile
+    (else a key rewritten faster than the disk writes moves the flush's goal on forever)."""
+    writer = BackgroundWriter("test-writer")
+    first_gate, later_gate = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def gated(name: str, gate: threading.Event) -> Work:
+        def job() -> bool:
+            gate.wait()
+            ran.append(name)
+            return True
+
+        return job
+
+    writer.submit("first", gated("first", first_gate))
+    writer.submit("k", recording(ran, "k1"))
+    reports: list[FlushReport] = []
+    flushing = threading.Thread(target=lambda: reports.append(writer.flush(timeout=30)))
+    flushing.start()
+    while not writer._flushes:  # the flush has taken its target
+        threading.Event().wait(0.001)
+    writer.submit("k", recording(ran, "k2"))  # k1 is owed to the flush: both run
+    writer.submit("later", gated("later", later_gate))  # submitted after the flush: not awaited
+    first_gate.set()
+    flushing.join(30)
+    assert len(reports) == 1 and reports[0].settled and reports[0].written >= 2  # k2 may have run too
+    assert ran[:2] == ["first", "k1"]
+    later_gate.set()
+    writer.close()
+    assert ran == ["first", "k1", "k2", "later"]  # the newest state of k still lands last
+
+
+def test_a_flush_waits_for_the_jobs_a_job_submits_while_it_runs() -> None:
+    writer = BackgroundWriter("test-writer")
+    started, gate = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def spawning() -> bool:
+        started.set()
+        gate.wait()
+        writer.submit("follow-up", recording(ran, "follow-up"))
+        ran.append("parent")
+        return True
+
+    writer.submit("parent", spawning)
+    started.wait()
+    reports: list[FlushReport] = []
+    flushing = threading.Thread(target=lambda: reports.append(writer.flush(timeout=30)))
+    flushing.start()
+    while not writer._flushes:
+        threading.Event().wait(0.001)
+    gate.set()
+    flushing.join(30)
+    assert reports == [FlushReport(settled=True, written=2, failed=0)] and ran == ["parent", "follow-up"]
+    writer.close()
+
+
 def test_failed_and_raising_jobs_are_counted_and_reported_once() -> None:
     writer = BackgroundWriter("test-writer")
 

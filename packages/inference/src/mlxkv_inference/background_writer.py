@@ -4,6 +4,12 @@ Jobs carry a key. A newer job with the key of a job still queued supersedes it (
 never runs); with `if_absent` a job is dropped instead while its key is queued or running. Every
 counter changes under one lock, and `flush` reports what was written and what failed since the
 previous flush, so a failure is never reported as durable.
+
+`flush` waits for the jobs submitted before it (and those they submit while they run), not for
+an empty queue: writers that keep submitting (a batch of generations checkpointing every few
+tokens) would otherwise hold a flush until they all stop. A job a waiting flush is owed is not
+superseded (the newer job runs after it), or a key rewritten faster than the disk writes would
+move the flush's goal on forever.
 """
 
 from __future__ import annotations
@@ -32,8 +38,8 @@ class WriterStats:
 
 @dataclass(frozen=True, slots=True)
 class FlushReport:
-    """What a flush saw: `settled` when nothing was queued or running any more; `written` and
-    `failed` count the jobs finished since the previous flush."""
+    """What a flush saw: `settled` when every job submitted before it had finished; `written`
+    and `failed` count the jobs finished since the previous flush."""
 
     settled: bool
     written: int
@@ -49,6 +55,7 @@ class _Job:
     key: Hashable
     work: Work
     nbytes: int
+    seq: int  # submission order, from 1
     superseded: bool = False
 
 
@@ -62,6 +69,9 @@ class BackgroundWriter:
         self._written = self._failed = self._superseded = 0
         self._pending = self._pending_bytes = 0
         self._reported = (0, 0)  # (written, failed) at the previous flush
+        self._submitted = 0  # jobs submitted so far (the newest job's seq)
+        self._passed = 0  # seq of the newest job finished or skipped (jobs pass in seq order)
+        self._flushes: list[list[int]] = []  # each waiting flush's target: the seq it waits to pass
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -74,12 +84,17 @@ class BackgroundWriter:
             old = self._latest.get(key)
             if old is not None and if_absent:
                 return False
-            if old is not None and old is not self._running:
+            self._submitted += 1
+            job = _Job(key, work, nbytes, self._submitted)
+            if old is not None and old is not self._running and not self._owed(old.seq):
                 old.superseded = True
                 self._superseded += 1
                 self._pending -= 1
                 self._pending_bytes -= old.nbytes
-            job = _Job(key, work, nbytes)
+            if self._running is not None and threading.current_thread() is self._thread:
+                for target in self._flushes:  # a job's own follow-up is part of it
+                    if self._running.seq <= target[0]:
+                        target[0] = max(target[0], job.seq)
             self._latest[key] = job
             self._queue.append(job)
             self._pending += 1
@@ -92,9 +107,14 @@ class BackgroundWriter:
             return WriterStats(self._written, self._failed, self._superseded, self._pending, self._pending_bytes)
 
     def flush(self, timeout: float | None = None) -> FlushReport:
-        """Wait until every job submitted so far (and any it submitted) has finished."""
+        """Wait until every job submitted so far has finished (see the module docstring)."""
         with self._cond:
-            settled = self._cond.wait_for(lambda: self._pending == 0, timeout)
+            target = [self._submitted]
+            self._flushes.append(target)
+            try:
+                settled = self._cond.wait_for(lambda: self._passed >= target[0], timeout)
+            finally:
+                self._flushes.remove(target)
             written, failed = self._reported
             self._reported = (self._written, self._failed)
             return FlushReport(settled, self._written - written, self._failed - failed)
@@ -117,6 +137,7 @@ class BackgroundWriter:
                 outcome = False
             with self._cond:
                 self._running = None
+                self._passed = job.seq
                 if self._latest.get(job.key) is job:
                     del self._latest[job.key]
                 self._pending -= 1
@@ -135,3 +156,8 @@ class BackgroundWriter:
                 if not job.superseded:
                     self._running = job
                     return job
+                self._passed = job.seq
+                self._cond.notify_all()
+
+    def _owed(self, seq: int) -> bool:
+        return any(seq <= target[0] for target in self._flushes)
