@@ -211,7 +211,7 @@ def long_prefill_only(long_prompt: int, rounds: int, extra: Sequence[str]) -> No
 
 
 SHORT_PROMPT = "Say hello in French."
-IDLE_SAMPLES = 5
+IDLE_SAMPLES = 15
 LONG_TOKEN_BASE = 1000  # long prompts are token ids of ordinary words in the embedded vocabulary, none a special
 LONG_TOKEN_SPAN = 8000
 
