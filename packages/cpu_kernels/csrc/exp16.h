@@ -1,6 +1,7 @@
 // A 16-lane expf shared by the per-ISA kernels (softmax in attention_isa.cpp, the SiLU of
-// activations_isa.cpp). Include it inside the anonymous namespace of a per-ISA translation unit, after
-// lanes.h' includes (QMM_ISA = 0, 2 or 3; <immintrin.h>, <cstring> and <cmath> included).
+// activations_isa.cpp), written on lanes.h' V16. Include it after lanes.h, inside the anonymous
+// namespace of a per-ISA translation unit (QMM_ISA = 0, 2 or 3; <immintrin.h>, <cstring> and
+// <cmath> included).
 #pragma once
 
 constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer in the low bits
@@ -11,73 +12,49 @@ constexpr float kExpCeiling = 88.0f;  // 2^n * y stays finite
 constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f,
                 kP3 = 4.1665795894e-2f, kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
 
+// 2^n per lane for t = n + kMagic (n an integer in t's low mantissa bits): n's bits plus the
+// exponent bias, shifted into the exponent field.
+inline V16 pow2_of(const V16& t) {
+#if QMM_ISA == 3
+  const __m512i n = _mm512_sub_epi32(_mm512_castps_si512(t.v), _mm512_castps_si512(_mm512_set1_ps(kMagic)));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23))};
+#elif QMM_ISA == 2
+  const __m256i magic = _mm256_castps_si256(_mm256_set1_ps(kMagic)), bias = _mm256_set1_epi32(127);
+  const __m256i lo = _mm256_sub_epi32(_mm256_castps_si256(t.lo), magic);
+  const __m256i hi = _mm256_sub_epi32(_mm256_castps_si256(t.hi), magic);
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(lo, bias), 23)),
+          _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(hi, bias), 23))};
+#else
+  V16 r;
+  const float magic = kMagic;
+  int32_t mb;
+  std::memcpy(&mb, &magic, 4);
+  for (int i = 0; i < 16; ++i) {
+    int32_t tb;
+    std::memcpy(&tb, &t.v[i], 4);
+    const int32_t sb = int32_t(uint32_t(tb - mb + 127) << 23);
+    std::memcpy(&r.v[i], &sb, 4);
+  }
+  return r;
+#endif
+}
+
 // out[i] = exp(x), x = in[i] - shift clamped to [kExpFloor, kExpCeiling] (softmax passes in[i] <=
 // shift, so only the floor acts there): Cephes' expf, one rounding per operation (fma where it says
-// fma), so every instruction set gives the same bits.
+// fma), the same operations on every instruction set (lanes.h), so the same bits.
 inline void exp16(const float* in, float shift, float* out) {
-#if QMM_ISA == 3
-  __m512 x = _mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(in), _mm512_set1_ps(shift)), _mm512_set1_ps(kExpFloor));
-  x = _mm512_min_ps(x, _mm512_set1_ps(kExpCeiling));
-  const __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), _mm512_set1_ps(kMagic));
-  const __m512 n = _mm512_sub_ps(t, _mm512_set1_ps(kMagic));
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Hi), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Lo), r);
-  __m512 p = _mm512_set1_ps(kP0);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP1));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP2));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP3));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP4));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP5));
-  __m512 y = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
-  y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
-  const __m512i bits = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(_mm512_set1_ps(kMagic)));
-  const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(127)), 23));
-  _mm512_storeu_ps(out, _mm512_mul_ps(y, scale));
-#elif QMM_ISA == 2
-  for (int h = 0; h < 16; h += 8) {
-    __m256 x = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(in + h), _mm256_set1_ps(shift)), _mm256_set1_ps(kExpFloor));
-    x = _mm256_min_ps(x, _mm256_set1_ps(kExpCeiling));
-    const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), _mm256_set1_ps(kMagic));
-    const __m256 n = _mm256_sub_ps(t, _mm256_set1_ps(kMagic));
-    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Hi), x);
-    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo), r);
-    __m256 p = _mm256_set1_ps(kP0);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP1));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP5));
-    __m256 y = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
-    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
-    const __m256i bits = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(_mm256_set1_ps(kMagic)));
-    const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(127)), 23));
-    _mm256_storeu_ps(out + h, _mm256_mul_ps(y, scale));
-  }
-#else
-  for (int i = 0; i < 16; ++i) {
-    float x = in[i] - shift;
-    x = x > kExpFloor ? x : kExpFloor;  // max_ps(x, floor): x where x > floor, else floor
-    x = x < kExpCeiling ? x : kExpCeiling;  // min_ps(x, ceiling)
-    const float t = std::fmaf(x, kLog2e, kMagic);
-    const float n = t - kMagic;
-    float r = std::fmaf(n, -kLn2Hi, x);
-    r = std::fmaf(n, -kLn2Lo, r);
-    float p = kP0;
-    p = std::fmaf(p, r, kP1);
-    p = std::fmaf(p, r, kP2);
-    p = std::fmaf(p, r, kP3);
-    p = std::fmaf(p, r, kP4);
-    p = std::fmaf(p, r, kP5);
-    float y = std::fmaf(p, r * r, r);
-    y = y + 1.0f;
-    int32_t tb, mb;
-    std::memcpy(&tb, &t, 4);
-    const float magic = kMagic;
-    std::memcpy(&mb, &magic, 4);
-    const int32_t sb = int32_t(uint32_t(tb - mb + 127) << 23);
-    float scale;
-    std::memcpy(&scale, &sb, 4);
-    out[i] = y * scale;
-  }
-#endif
+  const V16 x = V16::min(V16::max(V16::sub(V16::load(in), V16::set1(shift)), V16::set1(kExpFloor)),
+                         V16::set1(kExpCeiling));
+  const V16 t = V16::fmadd(x, V16::set1(kLog2e), V16::set1(kMagic));
+  const V16 n = V16::sub(t, V16::set1(kMagic));
+  V16 r = V16::fmadd(n, V16::set1(-kLn2Hi), x);
+  r = V16::fmadd(n, V16::set1(-kLn2Lo), r);
+  V16 p = V16::set1(kP0);
+  p = V16::fmadd(p, r, V16::set1(kP1));
+  p = V16::fmadd(p, r, V16::set1(kP2));
+  p = V16::fmadd(p, r, V16::set1(kP3));
+  p = V16::fmadd(p, r, V16::set1(kP4));
+  p = V16::fmadd(p, r, V16::set1(kP5));
+  const V16 y = V16::add(V16::fmadd(p, V16::mul(r, r), r), V16::set1(1.0f));
+  V16::mul(y, pow2_of(t)).store(out);
 }

@@ -14,6 +14,10 @@ struct V16 {
   static V16 add(const V16& a, const V16& b) { return {_mm512_add_ps(a.v, b.v)}; }
   static V16 mul(const V16& a, const V16& b) { return {_mm512_mul_ps(a.v, b.v)}; }
   static V16 div(const V16& a, const V16& b) { return {_mm512_div_ps(a.v, b.v)}; }
+  static V16 sub(const V16& a, const V16& b) { return {_mm512_sub_ps(a.v, b.v)}; }
+  static V16 max(const V16& a, const V16& b) { return {_mm512_max_ps(a.v, b.v)}; }
+  static V16 min(const V16& a, const V16& b) { return {_mm512_min_ps(a.v, b.v)}; }
+  static V16 fmadd(const V16& a, const V16& b, const V16& c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 };
 #elif QMM_ISA == 2
 struct V16 {
@@ -29,6 +33,12 @@ struct V16 {
   static V16 add(const V16& a, const V16& b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
   static V16 mul(const V16& a, const V16& b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
   static V16 div(const V16& a, const V16& b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+  static V16 sub(const V16& a, const V16& b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+  static V16 max(const V16& a, const V16& b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+  static V16 min(const V16& a, const V16& b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+  static V16 fmadd(const V16& a, const V16& b, const V16& c) {
+    return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+  }
 };
 #else
 struct V16 {
@@ -41,6 +51,15 @@ struct V16 {
   static V16 add(const V16& a, const V16& b) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] + b.v[i]; return r; }
   static V16 mul(const V16& a, const V16& b) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] * b.v[i]; return r; }
   static V16 div(const V16& a, const V16& b) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] / b.v[i]; return r; }
+  static V16 sub(const V16& a, const V16& b) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] - b.v[i]; return r; }
+  // max_ps / min_ps: the second operand unless the first is strictly greater / less (NaN included).
+  static V16 max(const V16& a, const V16& b) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i]; return r; }
+  static V16 min(const V16& a, const V16& b) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] < b.v[i] ? a.v[i] : b.v[i]; return r; }
+  static V16 fmadd(const V16& a, const V16& b, const V16& c) {
+    V16 r;
+    for (int i = 0; i < 16; ++i) r.v[i] = std::fmaf(a.v[i], b.v[i], c.v[i]);
+    return r;
+  }
 };
 #endif
 
