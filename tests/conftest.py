@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 
 import pytest
 
@@ -30,3 +31,14 @@ def embedded_native() -> MlxAutoregressiveBinding:
     if sys.platform != "linux":
         pytest.skip("the native CPU kernels are Linux-only")
     return load_binding(cpu_kernels="native")
+
+
+@pytest.fixture
+def restore_threads_and_isa() -> Iterator[None]:
+    """Puts the native kernels' thread count and instruction set back after a test that sets them."""
+    from mlxkv_cpu_kernels import ops
+
+    threads, isa = ops.num_threads(), ops.isa()
+    yield
+    ops.set_num_threads(threads)
+    ops.set_isa(isa)

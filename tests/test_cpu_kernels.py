@@ -7,7 +7,6 @@ dependency); there the extension must import, so a broken build fails here inste
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 
 import pytest
 
@@ -33,14 +32,6 @@ def rows(m: int, k: int, seed: int) -> mx.array:
 
 def as_numpy(a: mx.array) -> np.ndarray:
     return np.array(a)
-
-
-@pytest.fixture
-def restore_threads_and_isa() -> Iterator[None]:
-    threads, isa = ops.num_threads(), ops.isa()
-    yield
-    ops.set_num_threads(threads)
-    ops.set_isa(isa)
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -8,7 +8,6 @@ by the native tiny models of test_batching.py and test_speculative.py, built thr
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 
 import pytest
 
@@ -24,14 +23,6 @@ from mlxkv_cpu_kernels import ops
 
 from mlxkv_inference.models.native_mlp import NativeSwigluMixin, use_native_swiglu
 from tests.factories import make_tiny_binding
-
-
-@pytest.fixture
-def restore_isa() -> Iterator[None]:
-    isa, threads = ops.isa(), ops.num_threads()
-    yield
-    ops.set_isa(isa)
-    ops.set_num_threads(threads)
 
 
 def gate_and_up(shape: tuple[int, ...], seed: int, spread: float = 4.0) -> tuple[mx.array, mx.array]:
@@ -61,7 +52,7 @@ def test_an_element_gets_the_same_bits_alone_in_a_batch_or_strided() -> None:
     assert mx.array_equal(transposed, together.T).item()
 
 
-@pytest.mark.usefixtures("restore_isa")
+@pytest.mark.usefixtures("restore_threads_and_isa")
 def test_every_instruction_set_and_thread_count_gives_the_same_bits() -> None:
     gate, up = gate_and_up((64, 1541), seed=3)  # enough elements to split over threads, and a tail
     logits = gate * 3

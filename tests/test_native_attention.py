@@ -8,7 +8,6 @@ test_speculative.py (native tiny models) and test_native_kernels_embedded.py.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 
 import pytest
 
@@ -41,14 +40,6 @@ def empty(kv_heads: int, dim: int, capacity: int = 64) -> list[mx.array]:
 def heads_first(a: mx.array) -> mx.array:
     """(R, H, D) rows as MLX's (1, H, R, D)."""
     return a.transpose(1, 0, 2)[None]
-
-
-@pytest.fixture
-def restore_isa() -> Iterator[None]:
-    isa, threads = ops.isa(), ops.num_threads()
-    yield
-    ops.set_isa(isa)
-    ops.set_num_threads(threads)
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 4, 16), (9, 3, 64), (8, 2, 128)])
@@ -86,7 +77,7 @@ def test_a_row_is_bitwise_the_same_fed_alone_in_a_chunk_or_next_to_other_sequenc
     assert mx.array_equal(mx.concatenate([first, second[3:]]), together).item()
 
 
-@pytest.mark.usefixtures("restore_isa")
+@pytest.mark.usefixtures("restore_threads_and_isa")
 def test_every_instruction_set_and_thread_count_gives_the_same_bits() -> None:
     q, k, v = tensors(300, 9, 3, 64, seed=5)  # enough work to split over threads
     reference, _ = attend(q, k, v, [0], empty(3, 64, 512), [300])
