@@ -40,6 +40,26 @@ void gather(const float* src, const mx::Shape& shape, const mx::Strides& strides
   }
 }
 
+// An input's floats as a kernel reads them (row-major): its own buffer when row-contiguous, else
+// gathered into the caller's scratch. Captured by value at eval_cpu, read in the dispatched task.
+struct Floats {
+  const float* data;
+  mx::Shape shape;
+  mx::Strides strides;
+  bool dense;
+  int64_t size;
+
+  static Floats of(const mx::array& a) {
+    return {a.data<float>(), a.shape(), a.strides(), a.flags().row_contiguous, int64_t(a.size())};
+  }
+
+  const float* read(float* scratch) const {
+    if (dense) return data;
+    gather(data, shape, strides, scratch);
+    return scratch;
+  }
+};
+
 // attend's inputs: q, k, v, positions, inv_freq, then the buffers.
 constexpr size_t kFirstBuffer = 5;
 
@@ -232,18 +252,8 @@ void NativeAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector
                        in.flags().row_contiguous, int64_t(in.size())});
   }
   for (auto& out : outputs) encoder.set_output_array(out);
-  struct Dense {
-    const float* data;
-    mx::Shape shape;
-    mx::Strides strides;
-    bool dense;
-    int64_t size;
-  };
-  auto dense = [](const mx::array& a) {
-    return Dense{a.data<float>(), a.shape(), a.strides(), a.flags().row_contiguous, int64_t(a.size())};
-  };
   const int64_t heads = inputs[0].shape(1), kv_heads = inputs[1].shape(1), dim = inputs[0].shape(2);
-  encoder.dispatch([q = dense(inputs[0]), k = dense(inputs[1]), v = dense(inputs[2]),
+  encoder.dispatch([q = Floats::of(inputs[0]), k = Floats::of(inputs[1]), v = Floats::of(inputs[2]),
                     positions = inputs[3].data<int32_t>(), inv_freq = inputs[4].data<float>(),
                     out = outputs[0].data<float>(), buffers = std::move(buffers), rows = rows_, scale = scale_,
                     rope = rope_, heads, kv_heads, dim]() {
@@ -256,15 +266,10 @@ void NativeAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector
       }
     }
     thread_local std::vector<float> qkv;
-    auto read = [](const Dense& a, float* scratch) {
-      if (a.dense) return a.data;
-      gather(a.data, a.shape, a.strides, scratch);
-      return static_cast<const float*>(scratch);
-    };
     qkv.resize(size_t(q.size + k.size + v.size));
-    const float* qd = read(q, qkv.data());
-    const float* kd = read(k, qkv.data() + q.size);
-    const float* vd = read(v, qkv.data() + q.size + k.size);
+    const float* qd = q.read(qkv.data());
+    const float* kd = k.read(qkv.data() + q.size);
+    const float* vd = v.read(qkv.data() + q.size + k.size);
     if (rope.dims > 0) {
       if (qd != qkv.data()) std::memcpy(qkv.data(), qd, size_t(q.size) * sizeof(float));
       if (kd != qkv.data() + q.size) std::memcpy(qkv.data() + q.size, kd, size_t(k.size) * sizeof(float));
@@ -332,25 +337,12 @@ void NativeSwiglu::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (const auto& in : inputs) encoder.set_input_array(in);
   encoder.set_output_array(out);
-  struct Operand {
-    const float* data;
-    mx::Shape shape;
-    mx::Strides strides;
-    bool dense;
-  };
-  auto operand = [](const mx::array& a) {
-    return Operand{a.data<float>(), a.shape(), a.strides(), a.flags().row_contiguous};
-  };
-  encoder.dispatch([g = operand(inputs[0]), u = operand(inputs[1]), y = out.data<float>(), n = int64_t(out.size())]() {
+  encoder.dispatch([g = Floats::of(inputs[0]), u = Floats::of(inputs[1]), y = out.data<float>()]() {
     thread_local std::vector<float> scratch;
-    auto read = [&](const Operand& a, int64_t offset) {
-      if (a.dense) return a.data;
-      scratch.resize(size_t(2 * n));
-      gather(a.data, a.shape, a.strides, scratch.data() + offset);
-      return static_cast<const float*>(scratch.data() + offset);
-    };
-    const float* gd = read(g, 0);
-    const float* ud = read(u, n);
+    const int64_t n = g.size;
+    if (!g.dense || !u.dense) scratch.resize(size_t(2 * n));
+    const float* gd = g.read(scratch.data());
+    const float* ud = u.read(scratch.data() + n);
     swiglu_run(gd, ud, y, n);
   });
 }
@@ -379,16 +371,10 @@ void NativeLogSoftmax::eval_cpu(const std::vector<mx::array>& inputs, std::vecto
   encoder.set_input_array(x);
   encoder.set_output_array(out);
   const int64_t n = x.shape().back(), rows = int64_t(x.size()) / n;
-  encoder.dispatch([data = x.data<float>(), shape = x.shape(), strides = x.strides(), dense = x.flags().row_contiguous,
-                    y = out.data<float>(), rows, n]() {
+  encoder.dispatch([x = Floats::of(x), y = out.data<float>(), rows, n]() {
     thread_local std::vector<float> scratch;
-    const float* xd = data;
-    if (!dense) {
-      scratch.resize(size_t(rows * n));
-      gather(data, shape, strides, scratch.data());
-      xd = scratch.data();
-    }
-    log_softmax_run(xd, y, rows, n);
+    if (!x.dense) scratch.resize(size_t(x.size));
+    log_softmax_run(x.read(scratch.data()), y, rows, n);
   });
 }
 
