@@ -7,10 +7,11 @@ machine: one more row costs a lone sequence more than it costs a step already ru
 plus, for a draft model, the measured time of drafting k tokens. In a step shared by n
 generations the step's tokens count, not this one's: its drafts make every row wait, so the gain
 is (n - 1 + E(k)) / (n * cost) (E(k) / cost alone); eight generations drafting at the 40-70%
-acceptance of chat answers each judged their own tokens and together slowed a batch by 15-20%. Where no k beats a plain step, the round is
-a plain step: speculation off where it loses. Prompt lookup drafts cost nothing, so while off it still checks its guesses against the
-tokens produced and turns itself back on when they start matching; a draft model is retried
-with one draft after `RETRY_EVERY` plain steps, twice as many after each retry that misses.
+acceptance of chat answers each judged their own tokens and together slowed a batch by 15-20%.
+Where no k beats a plain step, the round is a plain step: speculation off where it loses. Prompt
+lookup drafts cost nothing, so while off it still checks its guesses against the tokens produced
+and turns itself back on when they start matching; a draft model is retried with one draft after
+`RETRY_EVERY` plain steps, twice as many after each retry that misses.
 """
 
 from __future__ import annotations
