@@ -5,6 +5,7 @@
 //   log_softmax: out[r, i] = x[r, i] - (m + log(s)), m = max of row r, s = reduce16 of 16 lane sums
 //                of exp(x[r, t] - m), lane l adding the t with t % 16 == l in ascending order (the
 //                sum softmax takes in attention.h); a row depends on itself alone.
+//   exp:         out[i] = exp(x[i]) with x[i] clamped to [-87, 88] (exp16.h): the sampler's weights.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,10 @@ void swiglu_generic(const float* g, const float* u, float* out, int64_t n);
 void log_softmax_avx512(const float* x, float* out, int64_t n);
 void log_softmax_avx2(const float* x, float* out, int64_t n);
 void log_softmax_generic(const float* x, float* out, int64_t n);
+
+void exp_avx512(const float* x, float* out, int64_t n);
+void exp_avx2(const float* x, float* out, int64_t n);
+void exp_generic(const float* x, float* out, int64_t n);
 
 // All n elements on the thread pool with the selected instruction set.
 void swiglu_run(const float* g, const float* u, float* out, int64_t n);

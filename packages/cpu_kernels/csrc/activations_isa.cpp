@@ -60,17 +60,31 @@ void log_softmax(const float* x, float* out, int64_t n) {
   for (int64_t t = 0; t < n; ++t) out[t] = x[t] - lse;
 }
 
+void exp_all(const float* x, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) exp16(x + i, 0.0f, out + i);
+  if (i < n) {  // the tail through a zero-padded block, as in swiglu
+    float xt[16] = {}, ot[16];
+    std::memcpy(xt, x + i, size_t(n - i) * sizeof(float));
+    exp16(xt, 0.0f, ot);
+    std::memcpy(out + i, ot, size_t(n - i) * sizeof(float));
+  }
+}
+
 }  // namespace
 
 #if QMM_ISA == 3
 void swiglu_avx512(const float* g, const float* u, float* out, int64_t n) { swiglu(g, u, out, n); }
 void log_softmax_avx512(const float* x, float* out, int64_t n) { log_softmax(x, out, n); }
+void exp_avx512(const float* x, float* out, int64_t n) { exp_all(x, out, n); }
 #elif QMM_ISA == 2
 void swiglu_avx2(const float* g, const float* u, float* out, int64_t n) { swiglu(g, u, out, n); }
 void log_softmax_avx2(const float* x, float* out, int64_t n) { log_softmax(x, out, n); }
+void exp_avx2(const float* x, float* out, int64_t n) { exp_all(x, out, n); }
 #else
 void swiglu_generic(const float* g, const float* u, float* out, int64_t n) { swiglu(g, u, out, n); }
 void log_softmax_generic(const float* x, float* out, int64_t n) { log_softmax(x, out, n); }
+void exp_generic(const float* x, float* out, int64_t n) { exp_all(x, out, n); }
 #endif
 
 }  // namespace mlxkv

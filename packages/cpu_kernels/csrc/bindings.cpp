@@ -46,6 +46,10 @@ NB_MODULE(_ext, m) {
         "silu(gate) * up elementwise (float32), the same bits on every instruction set and thread count.");
   m.def("log_softmax", &mlxkv::log_softmax, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
         "x - logsumexp(x) over the last axis (float32), the same bits on every instruction set and thread count.");
+  m.def("sample", &mlxkv::sample, "x"_a, "words"_a, nb::kw_only(), "inv_temperature"_a, "top_k"_a = 0,
+        "top_p"_a = 1.0f, "min_p"_a = 0.0f, "stream"_a = nb::none(),
+        "One token id (uint32) per row of log-probabilities x (float32), drawn with the row's uint64 word "
+        "after the top-k, min-p and top-p filters; the same token on every instruction set and thread count.");
   m.def("num_threads", &mlxkv::num_threads, "Threads the kernel splits output features over.");
   m.def("set_num_threads", &mlxkv::set_num_threads, "n"_a);
   m.def("isa", [] { return std::string(mlxkv::isa_name(mlxkv::current_isa())); });

@@ -386,4 +386,52 @@ std::vector<mx::Shape> NativeLogSoftmax::output_shapes(const std::vector<mx::arr
   return {inputs[0].shape()};
 }
 
+mx::array sample(const mx::array& x, const mx::array& words, float inv_temperature, int top_k, float top_p,
+                 float min_p, mx::StreamOrDevice s) {
+  check(x.dtype() == mx::float32, "x must be float32", "sample");
+  check(x.ndim() >= 1 && x.shape().back() > 0, "x must have a non-empty last axis", "sample");
+  check(words.dtype() == mx::uint64 && words.ndim() == 1 && int64_t(words.size()) * x.shape().back() == int64_t(x.size()),
+        "words must be uint64 of shape (rows,), one per row of x", "sample");
+  check(std::isfinite(inv_temperature) && inv_temperature > 0, "inv_temperature must be finite and > 0", "sample");
+  check(top_k >= 0, "top_k must be >= 0 (0: off)", "sample");
+  check(top_p > 0 && top_p <= 1, "top_p must be in (0, 1] (1: off)", "sample");
+  check(min_p >= 0 && min_p <= 1, "min_p must be in [0, 1] (0: off)", "sample");
+  auto stream = mx::to_stream(s);
+  check(stream.device == mx::Device::cpu, "the native kernel runs on the CPU device only", "sample");
+  mx::Shape shape(x.shape().begin(), x.shape().end() - 1);
+  SampleArgs args{inv_temperature, top_k, top_p, min_p};
+  return mx::array(shape, mx::uint32, std::make_shared<NativeSample>(stream, args), {x, mx::contiguous(words, false, stream)});
+}
+
+void NativeSample::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::array& x = inputs[0];
+  mx::array& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& in : inputs) encoder.set_input_array(in);
+  encoder.set_output_array(out);
+  const int64_t n = x.shape().back(), rows = int64_t(x.size()) / n;
+  encoder.dispatch([x = Floats::of(x), words = inputs[1].data<uint64_t>(), y = out.data<uint32_t>(), rows, n,
+                    args = args_]() {
+    thread_local std::vector<float> scratch;
+    if (!x.dense) scratch.resize(size_t(x.size));
+    sample_run(x.read(scratch.data()), words, y, rows, n, args);
+  });
+}
+
+void NativeSample::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("MlxkvNativeSample has no GPU implementation");
+}
+
+std::vector<mx::Shape> NativeSample::output_shapes(const std::vector<mx::array>& inputs) {
+  const mx::Shape& shape = inputs[0].shape();
+  return {mx::Shape(shape.begin(), shape.end() - 1)};
+}
+
+bool NativeSample::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const NativeSample&>(other).args_;
+  return args_.inv_temperature == o.inv_temperature && args_.top_k == o.top_k && args_.top_p == o.top_p &&
+         args_.min_p == o.min_p;
+}
+
 }  // namespace mlxkv

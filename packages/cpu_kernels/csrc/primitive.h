@@ -3,6 +3,7 @@
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "sampling.h"
 
 namespace mlxkv {
 
@@ -94,6 +95,25 @@ class NativeLogSoftmax : public mx::Primitive {
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
   const char* name() const override { return "MlxkvNativeLogSoftmax"; }
   bool is_equivalent(const mx::Primitive&) const override { return true; }
+};
+
+// One token per row of log-probabilities x (..., V) float32, from words (rows,) uint64, after the
+// top-k, min-p and top-p filters (sampling.h); uint32 of shape x.shape[:-1].
+mx::array sample(const mx::array& x, const mx::array& words, float inv_temperature, int top_k, float top_p,
+                 float min_p, mx::StreamOrDevice s = {});
+
+class NativeSample : public mx::Primitive {
+ public:
+  NativeSample(mx::Stream stream, SampleArgs args) : mx::Primitive(stream), args_(args) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+  const char* name() const override { return "MlxkvNativeSample"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  SampleArgs args_;
 };
 
 }  // namespace mlxkv

@@ -1,4 +1,4 @@
-"""The native quantized matmul, attention, SwiGLU and log-softmax (imports mlx; load the BLAS shim first if you want it)."""
+"""The native quantized matmul, attention, SwiGLU, log-softmax and sampler (imports mlx; load the BLAS shim first if you want it)."""
 
 import mlx.core  # noqa: F401  (registers mx.array with nanobind before _ext loads)
 
@@ -9,9 +9,10 @@ from mlxkv_cpu_kernels._ext import (
     log_softmax,
     num_threads,
     quantized_matmul,
+    sample,
     set_isa,
     set_num_threads,
     swiglu,
 )
 
-__all__ = ["attend", "best_isa", "isa", "log_softmax", "num_threads", "quantized_matmul", "set_isa", "set_num_threads", "swiglu"]
+__all__ = ["attend", "best_isa", "isa", "log_softmax", "num_threads", "quantized_matmul", "sample", "set_isa", "set_num_threads", "swiglu"]

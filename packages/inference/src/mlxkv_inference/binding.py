@@ -33,6 +33,7 @@ CALIBRATION_CONTEXT = 64  # tokens in the caches the step-cost calibration runs 
 # What the config fingerprint records for the native path's sampling log-softmax: it shapes no KV,
 # but the tokens a resumed checkpoint continues with (sampling reads the log-probabilities).
 NATIVE_LOG_SOFTMAX = "log_softmax native/1"
+NATIVE_SAMPLER = "sampler native/1"  # seeded draws take other tokens than MLX's categorical: checkpoints must not mix them
 log = logging.getLogger(__name__)
 
 
@@ -64,9 +65,10 @@ class MlxAutoregressiveBinding:
         self.weight_bytes = _mlx_lm.parameter_bytes(model)
         self.tokenizer_hash = tokenizer.content_hash()
         self.native_attention = native_attention
-        native_ops = [op for op, used in ((NATIVE_ATTENTION, native_attention), (NATIVE_SWIGLU, native_swiglu),
-                                          (NATIVE_LOG_SOFTMAX, cpu_kernels == "native")) if used]
-        self.config_fingerprint = config_fingerprint(config, kv_scheme, weights_digest, cpu_kernels, native_ops)
+        native = cpu_kernels == "native"
+        self.native_ops = tuple(op for op, used in ((NATIVE_ATTENTION, native_attention), (NATIVE_SWIGLU, native_swiglu),
+                                                    (NATIVE_LOG_SOFTMAX, native), (NATIVE_SAMPLER, native)) if used)
+        self.config_fingerprint = config_fingerprint(config, kv_scheme, weights_digest, cpu_kernels, self.native_ops)
         self._compiled = CompiledDecoder(model)
         self._invariant_rows = 1  # batch sizes probed row-invariant so far (-1: a kernel is not)
         self._positions_exact: bool | None = None  # see `verifies_positions`
@@ -82,6 +84,11 @@ class MlxAutoregressiveBinding:
             out: mx.array = ops.log_softmax(logits)
             return out
         return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+    @property
+    def native_sampler(self) -> bool:
+        """Whether seeded sampling runs the native kernel (see `engine.sampling`)."""
+        return self.cpu_kernels == "native"
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -234,7 +241,8 @@ def config_fingerprint(
 ) -> str:
     """Hash of everything that shapes the KV a model computes: graph config, KV scheme, MLX, weights,
     the matmul kernels and the layer ops they replace (`native_ops`, e.g. attention and SwiGLU: KV
-    computed by different kernels differs in the last bits)."""
+    computed by different kernels differs in the last bits; the sampler too, whose draws a resumed
+    checkpoint continues)."""
     payload = {
         "config": config,
         "kv_scheme": asdict(kv_scheme),

@@ -127,7 +127,7 @@ class Generation:
         self._original_prompt = len(prompt)
         self._max_new = params.max_tokens - len(replayed)
         self._run = SequenceRun(
-            binding, self.prompt, self.caches, sampler=make_sampler(params.sampling, self.seed),
+            binding, self.prompt, self.caches, sampler=make_sampler(params.sampling, self.seed, binding.native_sampler),
             processors=make_logits_processors(params.sampling), context_window=context_window(params.sampling),
             first_step=len(replayed), pending=resume.pending if resume is not None else None,
             constraint=GrammarConstraint(params.grammar, binding.tokenizer, replay=replayed) if params.grammar is not None else None,
