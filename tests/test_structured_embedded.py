@@ -47,9 +47,9 @@ def base_url(embedded_native: MlxAutoregressiveBinding, tmp_path_factory: pytest
 def test_embedded_json_schema_answers_parse_and_validate(base_url: str, schema: dict[str, Any], sampling: dict[str, Any]) -> None:
     client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
     reply = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Reply with a small example as JSON."}], max_tokens=64,
+        model="m", messages=[{"role": "user", "content": "Reply with a small example as JSON."}], max_tokens=128,
         response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}, **sampling)
-    assert reply.choices[0].finish_reason == "stop"
+    assert reply.choices[0].finish_reason == "stop", reply.choices[0].message.content
     jsonschema.validate(json.loads(reply.choices[0].message.content or ""), schema)
 
 
