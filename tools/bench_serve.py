@@ -1,8 +1,8 @@
 """Continuous batching: aggregate decode tok/s and TTFT p50/p99 with 1, 2, 4 and 8 concurrent
 streaming clients, in one run, on `mlxkv serve --max-batch 8`, on `--max-batch 1`, and on
 mlx_lm.server (mlx-lm's own batching) over the same weights: the embedded model written out as an
-mlx-lm directory (`tools.mlx_lm_reference`). No prompt cache on any server, greedy, distinct
-prompts; the mlxkv servers run the CLI's default CPU kernels (native where built). Every stream's
+mlx-lm directory (`tools.mlx_lm_reference`). No prompt cache on any server, greedy (or
+`--temperature T [--top-p P]`: sampled requests, the same fields on every server), distinct prompts; the mlxkv servers run the CLI's default CPU kernels (native where built). Every stream's
 EOS is barred (`logit_bias`, on every server), so each runs its max tokens and N streams stay N
 concurrent sequences to the end (most of these prompts' answers end within 20-30 tokens, leaving a
 batch of two or three); `--stop-at-eos` lets answers end.
@@ -43,11 +43,11 @@ from tools.mlx_lm_reference import MlxLmServer, write_mlx_lm_directory
 PROMPTS = ["Write a short story about a lighthouse keeper.", "Explain how a bicycle works.", "Describe a walk in the forest."]
 
 
-def http_run(url: str, prompt: str, max_tokens: int, logit_bias: dict[str, float] | None = None) -> tuple[float, float, int]:
-    """(ttft s, decode tok/s, tokens) of one streamed chat completion."""
-    body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0}
-    if logit_bias:
-        body["logit_bias"] = logit_bias
+def http_run(url: str, prompt: str, max_tokens: int, fields: dict[str, Any] | None = None) -> tuple[float, float, int]:
+    """(ttft s, decode tok/s, tokens) of one streamed chat completion (greedy unless `fields`, more
+    request fields such as logit_bias, temperature and top_p, say otherwise)."""
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+                            **(fields or {})}
     ttft, decode_s, tokens = timed_stream(url, "/v1/chat/completions", body)
     return ttft, (tokens - 1) / decode_s if decode_s > 0 else 0.0, tokens
 
@@ -96,13 +96,13 @@ STREAMS = (1, 2, 4, 8)
 
 
 def concurrent_runs(url: str, streams: int, max_tokens: int,
-                    logit_bias: dict[str, float] | None = None) -> tuple[float, list[float]]:
+                    fields: dict[str, Any] | None = None) -> tuple[float, list[float]]:
     """(aggregate decode tok/s, TTFTs) of `streams` simultaneous clients (first tokens excluded)."""
     results: list[tuple[float, float, int]] = []
     ends: list[float] = []
 
     def client(prompt: str) -> None:
-        results.append(http_run(url, prompt, max_tokens, logit_bias))
+        results.append(http_run(url, prompt, max_tokens, fields))
         ends.append(time.perf_counter())
 
     threads = [threading.Thread(target=client, args=(STREAM_PROMPTS[i],)) for i in range(streams)]
@@ -126,11 +126,11 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 def server_rows(url: str, streams: Sequence[int], max_tokens: int,
-                logit_bias: dict[str, float] | None = None) -> dict[int, Row]:
+                fields: dict[str, Any] | None = None) -> dict[int, Row]:
     http_run(url, "Hi", 2)  # warm-up: compiled step, first-use allocations
     rows: dict[int, Row] = {}
     for n in streams:
-        tps, ttfts = concurrent_runs(url, n, max_tokens, logit_bias)
+        tps, ttfts = concurrent_runs(url, n, max_tokens, fields)
         rows[n] = (tps, statistics.median(ttfts), percentile(ttfts, 0.99))
     return rows
 
@@ -154,21 +154,25 @@ def batching(args: argparse.Namespace) -> None:
         return
     columns: dict[str, dict[int, Row]] = {}
     bias = None if args.stop_at_eos else no_eos()
+    fields: dict[str, Any] = {"temperature": args.temperature, **({"top_p": args.top_p} if args.top_p < 1 else {}),
+                              **({"logit_bias": bias} if bias else {})}
     with mlxkv_server(1, *extra) as server:
-        columns["--max-batch 1"] = server_rows(server.url, streams, max_tokens, bias)
+        columns["--max-batch 1"] = server_rows(server.url, streams, max_tokens, fields)
     with mlxkv_server(8, *extra) as server:
         health = httpx.get(server.url + "/health", timeout=30).json()
-        columns["--max-batch 8"] = server_rows(server.url, streams, max_tokens, bias)
+        columns["--max-batch 8"] = server_rows(server.url, streams, max_tokens, fields)
         prefill = long_prefill(server.url, long_prompt, args.long_rounds) if long_prompt else None
     if args.reference:
         with tempfile.TemporaryDirectory(prefix="mlxkv-bench-mlx-lm-") as scratch:
             reference_server = MlxLmServer(write_mlx_lm_directory(Path(scratch) / "SmolLM2-135M-Instruct-Q4_1"))
             try:
-                columns["mlx_lm.server"] = server_rows(reference_server.url, streams, max_tokens, bias)
+                columns["mlx_lm.server"] = server_rows(reference_server.url, streams, max_tokens, fields)
             finally:
                 reference_server.stop()
     ending = "answers end at EOS" if bias is None else "EOS barred"
-    print(f"greedy, {max_tokens} tokens a stream ({ending}), no prompt cache; mlxkv cpu kernels {health['cpu_kernels']}, "
+    sampling = "greedy" if not args.temperature else f"temperature {args.temperature}" + (
+        f", top_p {args.top_p}" if args.top_p < 1 else "")
+    print(f"{sampling}, {max_tokens} tokens a stream ({ending}), no prompt cache; mlxkv cpu kernels {health['cpu_kernels']}, "
           f"BLAS {health['blas']}; aggregate decode tok/s and TTFT p50/p99 (s)")
     print("  " + f"{'streams':>7} | " + " | ".join(f"{name:^29}" for name in columns)
           + " | 8 vs 1" + (" | mlxkv/mlx_lm: tok/s, TTFT p50" if args.reference else ""))
@@ -191,12 +195,14 @@ def no_eos() -> dict[str, float]:
 
 
 def server_options(args: argparse.Namespace) -> tuple[str, ...]:
-    """The mlxkv servers' prefill options the command line sets (the CLI's defaults otherwise)."""
+    """The mlxkv servers' prefill and speculation options the command line sets (the CLI's defaults otherwise)."""
     extra: tuple[str, ...] = ()
     if args.prefill_step_size:
         extra += ("--prefill-step-size", str(args.prefill_step_size))
     if args.prefill_step_ms is not None:
         extra += ("--prefill-step-ms", str(args.prefill_step_ms))
+    if args.speculative is not None:
+        extra += ("--speculative", args.speculative)
     return extra
 
 
@@ -279,6 +285,9 @@ def main() -> None:
     parser.add_argument("--streams", default=",".join(map(str, STREAMS)), help="concurrencies, comma-separated (default: 1,2,4,8)")
     parser.add_argument("--stop-at-eos", action="store_true",
                         help="let answers end at EOS (default: bar it, so every stream runs --max-tokens)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="the streams' temperature (default: 0, greedy); unseeded, each server picks its seeds")
+    parser.add_argument("--top-p", type=float, default=1.0, help="the streams' top_p (default: 1, off)")
     parser.add_argument("--no-mlx-lm", dest="reference", action="store_false", help="skip the mlx_lm.server reference row")
     parser.add_argument("--long-prompt", type=int, default=2000, metavar="TOKENS",
                         help="prompt length for the TTFT-under-long-prefill measurement (default: 2000; 0 skips it)")
@@ -287,6 +296,8 @@ def main() -> None:
                         help="the mlxkv servers' --prefill-step-size (default: the CLI's)")
     parser.add_argument("--prefill-step-ms", type=float, default=None, metavar="MS",
                         help="the mlxkv servers' --prefill-step-ms (default: the CLI's)")
+    parser.add_argument("--speculative", choices=("off", "prompt_lookup"), default=None,
+                        help="the mlxkv servers' --speculative (default: the CLI's)")
     parser.add_argument("--long-only", action="store_true",
                         help="only the TTFT-under-long-prefill measurement (no streams table, one server)")
     parser.add_argument("--overhead", action="store_true", help="measure HTTP overhead instead of batching")
