@@ -16,6 +16,7 @@ import pytest
 from mlxkv_inference import Generation, GenerationParams, Grammar, MlxAutoregressiveBinding, SamplingParams
 from mlxkv_inference.engine.generate import ResumePoint
 from mlxkv_inference.engine.scheduler import BatchScheduler
+from mlxkv_inference.engine.speculation import StepCosts
 from mlxkv_inference.models.batched import decode_batch, rows_invariant
 from tests.factories import greedy_token, make_prompt, make_tiny_binding
 
@@ -249,6 +250,50 @@ def test_a_time_bounded_step_gives_its_time_to_one_turn_when_no_more_fits() -> N
         scheduler.step()
     assert [g.result.token_ids for g in generations if g.result is not None] == [
         Generation(binding, p, params).run().token_ids for p in prompts]
+
+
+@pytest.mark.parametrize(("token_seconds", "whole"), [(0.01, True), (0.02, False)])
+def test_a_prompt_within_one_chunk_and_about_one_step_is_not_cut(token_seconds: float, whole: bool) -> None:
+    """Under a 0.3 s step bound, a 35-token prompt estimated at 0.35 s (within 1.5 steps and one
+    chunk) prefills in one step: cutting it would only delay its own first token. Estimated at
+    0.7 s it is cut to the bound. (The estimate is the binding's step costs, set here.)"""
+    binding = tiny("llama", False)
+    assert binding.verifies_positions()  # its own calibration first, then the costs this test sets
+    binding.step_costs = StepCosts()
+    binding.step_costs.record(1, token_seconds)
+    binding.step_costs.record(64, 64 * token_seconds)
+    params = GenerationParams(max_tokens=3, prefill_chunk=64, ignore_eos=True)
+    generation = Generation(binding, make_prompt(36, seed=8), params)
+    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64, prefill_step_s=0.3)
+    scheduler.add(generation)
+    scheduler.step()
+    assert (generation.prefill_left == 0) is whole
+    while scheduler.running:
+        scheduler.step()
+    assert generation.result is not None
+    assert generation.result.token_ids == Generation(binding, make_prompt(36, seed=8), params).run().token_ids
+
+
+def test_a_new_prompt_is_estimated_from_the_latest_first_chunk_not_from_decode_costs() -> None:
+    """Decode-row costs say a prompt token takes 1 s; the tiny model's real first chunk (of the
+    first prompt, uncached) takes milliseconds. The next uncached prompt is estimated from that
+    chunk, so under a 0.3 s bound it prefills whole in one step instead of 8 tokens a step."""
+    binding = tiny("llama", False)
+    assert binding.verifies_positions()
+    binding.step_costs = StepCosts()
+    binding.step_costs.record(1, 1.0)
+    binding.step_costs.record(64, 64.0)
+    params = GenerationParams(max_tokens=2, prefill_chunk=64, ignore_eos=True)
+    first, second = (Generation(binding, make_prompt(36, seed=s), params) for s in (9, 10))
+    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64, prefill_step_s=0.3)
+    scheduler.add(first)
+    scheduler.step()
+    assert first.prefill_left == 35 - 8  # estimated from the decode costs: the fewest timed tokens
+    while scheduler.running:
+        scheduler.step()
+    scheduler.add(second)
+    scheduler.step()
+    assert second.prefill_left == 0
 
 
 def test_a_prompt_prefills_through_its_snapshot_points_in_one_step() -> None:

@@ -27,6 +27,7 @@ from mlxkv_inference.engine.generate import Generation, TextDelta
 
 DEFAULT_MAX_BATCH = 8
 MIN_TIMED_CHUNK = 8  # the fewest prompt tokens a time-bounded prefill step feeds
+WHOLE_STEPS = 1.5  # a prompt's rest estimated within this many step times is fed whole (see `_prefill`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +49,10 @@ class BatchScheduler:
     def __init__(self, binding: MlxAutoregressiveBinding, *, max_batch: int = DEFAULT_MAX_BATCH,
                  prefill_budget: int = DEFAULT_PREFILL_CHUNK, prefill_step_s: float = 0.0) -> None:
         """`prefill_step_s` > 0: where chunks may be cut, a prompt's chunk is sized from its last
-        one's seconds a token so a step's prefill takes about that long (a prompt's tokens cost
-        more as its context grows); a request arriving meanwhile waits for at most that."""
+        one's seconds a token (a new prompt's from the latest new prompt's first chunk) so a
+        step's prefill takes about that long (a prompt's tokens cost more as its context grows);
+        a request arriving meanwhile waits for about that. A prompt whose rest fits one chunk
+        and `WHOLE_STEPS` step times is fed whole."""
         if max_batch < 1:
             raise ValueError(f"max batch={max_batch} must be >= 1")
         if prefill_budget < 1:
@@ -58,6 +61,7 @@ class BatchScheduler:
             raise ValueError(f"prefill step time={prefill_step_s} must be >= 0 seconds (0: no time bound)")
         self.prefill_step_s = prefill_step_s
         self._token_seconds: dict[int, float] = {}  # generation -> seconds a token of its last chunk
+        self._fresh_seconds: float | None = None  # seconds a token of the latest first chunk of an uncached prompt
         self.binding = binding
         self.max_batch = max_batch
         self.prefill_budget = prefill_budget
@@ -129,9 +133,16 @@ class BatchScheduler:
             if timed:
                 seconds, left_s = self._token_seconds_of(generation, take), deadline - time.perf_counter()
                 if seconds is not None:
-                    if turns and left_s < MIN_TIMED_CHUNK * seconds:  # the step's first turn always runs
+                    # A prompt whose rest fits one chunk and about one step's time is not cut:
+                    # cutting only delays its own first token by a step (measured: a 35-token
+                    # prompt cut 19 + 15 got it ~40 ms later). The deep tail of a long prompt is.
+                    left = generation.prefill_left
+                    whole = left <= generation.prefill_chunk and left * seconds <= WHOLE_STEPS * self.prefill_step_s
+                    least = left if whole else MIN_TIMED_CHUNK
+                    if turns and left_s < least * seconds:  # the step's first turn always runs
                         break
-                    take = min(take, max(MIN_TIMED_CHUNK, int(left_s / seconds)))
+                    if not whole:
+                        take = min(take, max(MIN_TIMED_CHUNK, int(left_s / seconds)))
             turns += 1
             self._steps += 1
             self._prefilled_at[id(generation)] = self._steps
@@ -143,7 +154,10 @@ class BatchScheduler:
                 continue
             budget -= fed
             if fed:
-                self._token_seconds[id(generation)] = (time.perf_counter() - started) / fed
+                seconds = (time.perf_counter() - started) / fed
+                if id(generation) not in self._token_seconds and not generation.cached_tokens:
+                    self._fresh_seconds = seconds
+                self._token_seconds[id(generation)] = seconds
             completed = completed or not generation.prefilling
 
     def _prefill_order(self, generation: Generation, timed: bool) -> tuple[float, int, int]:
@@ -152,11 +166,15 @@ class BatchScheduler:
         return (left * seconds if seconds is not None else 0.0, left, self._prefilled_at.get(id(generation), -1))
 
     def _token_seconds_of(self, generation: Generation, tokens: int) -> float | None:
-        """Seconds a prompt token of `generation` costs: its last chunk's, else (no chunk yet) a
-        forward of `tokens` positions' share by the binding's step costs (None before any)."""
+        """Seconds a prompt token of `generation` costs: its last chunk's; else (no chunk yet) the
+        latest uncached prompt's first chunk's (the same shallow context, this machine's current
+        speed); else a forward of `tokens` positions' share by the binding's step costs (None
+        before any)."""
         seconds = self._token_seconds.get(id(generation))
         if seconds is not None:
             return seconds
+        if self._fresh_seconds is not None and not generation.cached_tokens:
+            return self._fresh_seconds
         positions = max(min(tokens, generation.prefill_chunk), 1)
         forward = self.binding.step_costs.seconds(positions)
         return forward / positions if forward else None
