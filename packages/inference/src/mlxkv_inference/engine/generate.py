@@ -15,7 +15,7 @@ from mlxkv_inference.engine.constraint import Grammar, GrammarConstraint
 from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
 from mlxkv_inference.engine.logits import context_window, make_logits_processors
 from mlxkv_inference.cache.reuse import covered_tokens, frozen_copy
-from mlxkv_inference.engine.loop import Decoder, PrefillProgress, SequenceRun, TokenStep
+from mlxkv_inference.engine.loop import Decoder, Drawn, PrefillProgress, SequenceRun, TokenStep
 from mlxkv_inference.engine.proposers import DraftModel, PromptLookup, Proposer
 from mlxkv_inference.engine.sampling import SamplingParams, choose_seed, make_sampler
 from mlxkv_inference.engine.speculation import SpeculativeParams, round_fits
@@ -94,7 +94,7 @@ class GenerationResult:
 
 class Generation:
     """One generation: iterate for `TextDelta`s, then read `result`; or let a scheduler drive it
-    (`start`, `prefill` under a token budget, one `decode_input`/`accept` per decode step,
+    (`start`, `prefill` under a token budget, one `step_input` and `accept` per decode step,
     `finish`), alone or with others.
 
     Generated token ids exclude the EOS token and any token after a stop string. The one way to
@@ -136,6 +136,7 @@ class Generation:
         self._speculator = _make_speculator(binding, params.speculative, draft)
         self._drafts: list[int] = []  # the open round's drafts (empty: a plain step)
         self._round_rows = 0  # positions the open step feeds
+        self._drawn: Drawn | None = None  # a plain step's sampling graph, drawn before `accept`
         self._alone_since = 0.0  # when a step this generation drives alone started (0: batched)
         self._due: tuple[tuple[int, ...], TokenStep] | None = None  # a checkpoint to take after the step
         self._points = sorted({p for p in snapshot_at if self.cached_tokens < p <= len(self.prompt) - 1})
@@ -251,11 +252,21 @@ class Generation:
             return self._decoder(tokens)
         return self._binding.decode_positions(tokens, self.caches)
 
+    def draw(self, logits: mx.array) -> list[mx.array]:
+        """Build the sampling of a plain step's token from its (1, vocab) `logits`, for `accept`
+        to take: the arrays to evaluate (a batched step evaluates every row's together; one eval
+        a row cost ~0.2 ms a row), none where the step is a speculative round."""
+        if self._drafts or self._cancelled:
+            return []
+        self._drawn = self._run.draw(logits)
+        return list(self._drawn)
+
     def accept(self, logits: mx.array | None) -> list[TextDelta]:
         """Take the next token(s): sampled from `logits` (L, vocab) of feeding `step_input()`
         (a speculative round's accepted drafts and the token after them), or, with None, a
         resumed generation's pending token. A checkpoint due at one of them is taken once the
         caches hold exactly the tokens before it."""
+        drawn, self._drawn = self._drawn, None
         if self._cancelled:
             if self._drafts:
                 self._run.end_round(1)
@@ -265,8 +276,10 @@ class Generation:
             pending = self._run.take_pending()
             assert pending is not None
             steps = [pending]
+        elif self._drafts:
+            steps = self._run.sample_round(logits)
         else:
-            steps = self._run.sample_round(logits) if self._drafts else [self._run.sample(logits)]
+            steps = [self._run.take(drawn) if drawn is not None else self._run.sample(logits)]
         deltas: list[TextDelta] = []
         taken = 0
         for step in steps:

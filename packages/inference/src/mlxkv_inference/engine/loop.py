@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 # Called with (tokens prefilled, tokens to prefill): first (0, total), then after every chunk.
 PrefillProgress = Callable[[int, int], None]
+# A step's sampled token (1,) and log-probabilities (1, vocab), as graphs (see `SequenceRun.draw`).
+Drawn = tuple[mx.array, mx.array]
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +145,11 @@ class SequenceRun:
 
     def sample(self, logits: mx.array) -> TokenStep:
         """The token sampled from (1, vocab) `logits` of feeding `decode_input()` (evaluated)."""
+        return self.take(self.draw(logits))
+
+    def draw(self, logits: mx.array) -> Drawn:
+        """Sampling's graph for (1, vocab) `logits` of feeding `decode_input()`, not evaluated
+        (a batched step evaluates every row's at once); `take` it next."""
         fed = self.decode_input()
         if self._constraint is not None:
             if self.step > self._first_step:  # `fed` was generated (at step - 1), not the prompt's end
@@ -153,7 +160,11 @@ class SequenceRun:
         for processor in self._processors:
             logits = processor(self._history, logits)
         logprobs = self.binding.log_softmax(logits)
-        y = self._sampler(logprobs, self.step)
+        return self._sampler(logprobs, self.step), logprobs
+
+    def take(self, drawn: Drawn) -> TokenStep:
+        """The token of `draw`'s graph (evaluated here if it is not yet): the next step feeds it."""
+        y, logprobs = drawn
         mx.eval(y, logprobs)
         self._next = y.astype(mx.uint32)
         step = TokenStep(_token(y), self.step, logprobs.squeeze(0))

@@ -224,6 +224,11 @@ class BatchScheduler:
         lengths = [int(t.size) for t in inputs]
         try:
             logits = self.binding.decode_batch(mx.concatenate(list(inputs)), [g.caches for g in stepping], lengths)
+            drawn, start = [], 0
+            for generation, length in zip(stepping, lengths):
+                drawn.extend(generation.draw(logits[start : start + length]))
+                start += length
+            mx.eval(drawn)  # every plain row's token in one evaluation
             rows, start = [], 0
             for generation, length in zip(stepping, lengths):
                 rows.append(generation.accept(logits[start : start + length]))
