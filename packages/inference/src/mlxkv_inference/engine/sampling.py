@@ -92,8 +92,8 @@ def make_sampler(params: SamplingParams, seed: int, native: bool = False) -> Sam
         def sample_native(logprobs: mx.array, step: int) -> mx.array:
             words = mx.array(np.array([step_word(seed, step)], dtype=np.uint64))
             top_k = params.top_k if params.top_k < logprobs.shape[-1] else 0
-            out: mx.array = ops.sample(logprobs.astype(mx.float32), words, inv_temperature=inv_temp, top_k=top_k, top_p=params.top_p,
-                                       min_p=params.min_p)
+            out: mx.array = ops.sample(logprobs.astype(mx.float32), words, inv_temperature=inv_temp, top_k=top_k,
+                                       top_p=params.top_p, min_p=params.min_p)
             return out
 
         return sample_native

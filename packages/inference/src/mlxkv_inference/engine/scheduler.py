@@ -154,10 +154,10 @@ class BatchScheduler:
                 continue
             budget -= fed
             if fed:
-                seconds = (time.perf_counter() - started) / fed
+                measured = (time.perf_counter() - started) / fed
                 if id(generation) not in self._token_seconds and not generation.cached_tokens:
-                    self._fresh_seconds = seconds
-                self._token_seconds[id(generation)] = seconds
+                    self._fresh_seconds = measured
+                self._token_seconds[id(generation)] = measured
             completed = completed or not generation.prefilling
 
     def _prefill_order(self, generation: Generation, timed: bool) -> tuple[float, int, int]:
