@@ -78,16 +78,17 @@ def test_a_row_is_bitwise_the_same_fed_alone_in_a_chunk_or_next_to_other_sequenc
 
 
 @pytest.mark.usefixtures("restore_threads_and_isa")
-def test_every_instruction_set_and_thread_count_gives_the_same_bits() -> None:
-    q, k, v = tensors(300, 9, 3, 64, seed=5)  # enough work to split over threads
-    reference, _ = attend(q, k, v, [0], empty(3, 64, 512), [300])
+@pytest.mark.parametrize("dim", [64, 128, 256])
+def test_every_instruction_set_and_thread_count_gives_the_same_bits(dim: int) -> None:
+    q, k, v = tensors(300, 9, 3, dim, seed=5)  # enough work to split over threads; 300: a tail of keys
+    reference, _ = attend(q, k, v, [0], empty(3, dim, 512), [300])
     for isa in ("avx512", "avx2", "generic"):
         if isa == "avx512" and ops.best_isa() != "avx512" or isa == "avx2" and ops.best_isa() == "generic":
             continue
         ops.set_isa(isa)
         for threads in (1, 2, 3):
             ops.set_num_threads(threads)
-            assert mx.array_equal(attend(q, k, v, [0], empty(3, 64, 512), [300])[0], reference).item(), (isa, threads)
+            assert mx.array_equal(attend(q, k, v, [0], empty(3, dim, 512), [300])[0], reference).item(), (isa, threads)
 
 
 def test_a_buffer_someone_still_holds_is_copied_not_overwritten() -> None:
