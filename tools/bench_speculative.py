@@ -10,7 +10,8 @@ The draft model is the embedded model's own first `--draft-layers` layers (self-
 LayerSkip: no smaller model with SmolLM2's tokenizer ships here). Every mode must produce the very
 tokens of the plain run (checked: a mismatch exits 1). Decode tok/s is the generation's own (first
 token to last); each (workload, mode) runs `--repeats` times, alternating, and medians are compared.
-Run: `uv run python -m tools.bench_speculative` (add `--cpu-kernels mlx` for MLX's own kernels).
+Run: `uv run python -m tools.bench_speculative` (add `--cpu-kernels mlx` for MLX's own kernels,
+`--temperature T` for seeded sampling instead of greedy).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import argparse
 import statistics
 import sys
 
-from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, load_binding  # first: the BLAS shim precedes mlx
+from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, SamplingParams, load_binding  # first: the BLAS shim precedes mlx
 
 from mlxkv_inference.engine.generate import GenerationResult  # noqa: E402, I001
 from mlxkv_inference.engine.speculation import SpeculativeParams
@@ -87,6 +88,8 @@ def reorder_list(inventory: Inventory, threshold: int = 5, target: int = 20) -> 
     return {item.sku: target - item.quantity for item in inventory.low_stock(threshold)}
 '''
 
+SEED = 1234  # sampled runs: every mode draws with the same seed, so the same tokens
+
 EDIT_REQUESTS = [
     "Rewrite this file with the method `sell` renamed to `sell_units`. Output the whole file.",
     "Rewrite this file with the class `Inventory` renamed to `Warehouse`. Output the whole file.",
@@ -103,9 +106,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2, help="runs of each (workload, mode); medians are compared (default: 2)")
     parser.add_argument("--num-draft-tokens", type=int, default=8, help="the most drafts a step verifies (default: 8)")
     parser.add_argument("--draft-layers", type=int, default=4, help="layers of the self-speculation draft (default: 4)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sample at this temperature, seeded (default: 0, greedy); the tokens must still match")
     parser.add_argument("--cpu-kernels", choices=("native", "mlx"), default="native", help="matmul kernels (default: native)")
     args = parser.parse_args()
     binding = load_binding(cpu_kernels=args.cpu_kernels)
+    sampling = SamplingParams(temperature=args.temperature, seed=SEED if args.temperature else None)
     draft = layer_skip_draft(binding, args.draft_layers)
     binding.verifies_positions()  # the start-up probe, outside the timed runs
     modes = {
@@ -117,7 +123,8 @@ def main() -> int:
         "edit": [f"```python\n{CODE_FILE}```\n\n{request}" for request in EDIT_REQUESTS],
         "chat": CHAT_REQUESTS,
     }
-    print(f"embedded model, {args.cpu_kernels} kernels, up to {args.max_tokens} tokens an answer, "
+    print(f"embedded model, {args.cpu_kernels} kernels, "
+          f"{f'temperature {args.temperature} (seed {SEED})' if args.temperature else 'greedy'}, up to {args.max_tokens} tokens an answer, "
           f"{args.repeats} repeats, up to {args.num_draft_tokens} drafts a step")
     exact = True
     for workload, requests in workloads.items():
@@ -131,7 +138,7 @@ def main() -> int:
             for prompt in prompts:
                 reference: tuple[int, ...] | None = None
                 for mode, spec in modes.items():
-                    result = _run(binding, draft, prompt, spec, args.max_tokens)
+                    result = _run(binding, draft, prompt, spec, args.max_tokens, sampling)
                     if reference is None:
                         reference = result.token_ids
                     elif result.token_ids != reference:
@@ -152,8 +159,8 @@ def main() -> int:
 
 
 def _run(binding: MlxAutoregressiveBinding, draft: MlxAutoregressiveBinding, prompt: list[int], spec: SpeculativeParams,
-         max_tokens: int) -> GenerationResult:
-    params = GenerationParams(max_tokens=max_tokens, speculative=spec)
+         max_tokens: int, sampling: SamplingParams) -> GenerationResult:
+    params = GenerationParams(max_tokens=max_tokens, speculative=spec, sampling=sampling)
     return Generation(binding, prompt, params, draft=draft).run()
 
 
