@@ -78,6 +78,20 @@ def test_draws_the_token_of_mlx_lm_filters_and_the_inverse_cdf(filters: Filters,
     assert checked > 150
 
 
+@pytest.mark.parametrize("top_k", [1, 5, 40, 300])
+def test_top_k_over_a_large_vocabulary_keeps_the_k_largest(top_k: int) -> None:
+    """Over a vocabulary of many 64-token blocks the k-th largest is selected among the tokens at
+    or above the k-th largest block maximum (sampling.cpp): the same tokens as mlx-lm's top-k."""
+    logprobs = logprobs_of(8, 20000, seed=5, spread=3.0)
+    words = [int(w) for w in np.random.default_rng(top_k).integers(0, 2**63, size=8, dtype=np.uint64) * 2]
+    got = np.array(draw(logprobs, mx.array(np.array(words, dtype=np.uint64)), 1.0, (top_k, 0.0, 1.0)))
+    rows = np.array(logprobs)
+    for r, word in enumerate(words):
+        want, margin = oracle(rows[r], word, 1.0, (top_k, 0.0, 1.0))
+        assert margin <= 1e-6 or got[r] == want, (r, top_k)
+        assert rows[r][got[r]] >= np.sort(rows[r])[-top_k]  # one of the k largest, whatever u
+
+
 def test_a_row_draws_the_same_token_alone_in_a_batch_or_strided() -> None:
     logprobs = logprobs_of(9, 3000, seed=1, spread=3.0)
     words = mx.array(np.arange(1, 10, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))

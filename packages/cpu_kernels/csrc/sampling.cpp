@@ -29,15 +29,36 @@ struct Before {
   bool operator()(int32_t a, int32_t b) const { return x[a] > x[b] || (x[a] == x[b] && a < b); }
 };
 
+// The k-th largest of x[0..n) (0 < k < n), exactly. The k largest maxima of kBlock-token blocks
+// are k distinct tokens, so the k-th largest token is at least the k-th largest block maximum:
+// only the tokens from there up are selected among (typically a few hundred, not the vocabulary).
+float kth_largest(const float* x, int64_t n, int64_t k, float* scratch) {
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  float floor = kNegInf;
+  if (blocks > k) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t end = std::min(n, (b + 1) * kBlock);
+      float top = x[b * kBlock];
+      for (int64_t i = b * kBlock + 1; i < end; ++i) top = x[i] > top ? x[i] : top;
+      scratch[b] = top;
+    }
+    std::nth_element(scratch, scratch + k - 1, scratch + blocks, std::greater<float>());
+    floor = scratch[k - 1];
+  }
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (x[i] >= floor) scratch[m++] = x[i];
+  std::nth_element(scratch, scratch + k - 1, scratch + m, std::greater<float>());
+  return scratch[k - 1];
+}
+
 // keep[i] = x[i] for the tokens the filters keep, -inf for the others. order: n ids of scratch.
 void filter(const float* x, int64_t n, float top, const SampleArgs& a, float* keep, float* mass, int32_t* order,
             ExpFn exp_n) {
   std::copy(x, x + n, keep);
   if (a.top_k > 0 && a.top_k < n) {  // the k-th largest value, then ties at it in token order
-    float* values = mass;
-    std::copy(x, x + n, values);
-    std::nth_element(values, values + a.top_k - 1, values + n, std::greater<float>());
-    const float kth = values[a.top_k - 1];
+    const float kth = kth_largest(x, n, a.top_k, mass);
     int64_t ties = a.top_k;
     for (int64_t i = 0; i < n; ++i) ties -= x[i] > kth;
     for (int64_t i = 0; i < n; ++i) {
