@@ -16,9 +16,7 @@ constexpr int64_t kBlock = 16;
 }  // namespace
 
 void swiglu_run(const float* g, const float* u, float* out, int64_t n) {
-  auto gate = current_isa() == Isa::avx512 ? swiglu_avx512
-      : current_isa() == Isa::avx2         ? swiglu_avx2
-                                           : swiglu_generic;
+  auto gate = for_isa(swiglu_avx512, swiglu_avx2, swiglu_generic);
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   int64_t chunks = 1;
   auto plan = [&](int threads) {
@@ -34,9 +32,7 @@ void swiglu_run(const float* g, const float* u, float* out, int64_t n) {
 }
 
 void log_softmax_run(const float* x, float* out, int64_t rows, int64_t n) {
-  auto row = current_isa() == Isa::avx512 ? log_softmax_avx512
-      : current_isa() == Isa::avx2        ? log_softmax_avx2
-                                          : log_softmax_generic;
+  auto row = for_isa(log_softmax_avx512, log_softmax_avx2, log_softmax_generic);
   int64_t chunks = 1;
   auto plan = [&](int threads) {
     if (rows * n >= kMinParallel) chunks = std::min<int64_t>(rows, threads);

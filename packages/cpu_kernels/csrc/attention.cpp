@@ -23,9 +23,7 @@ std::vector<std::vector<float>> scratch;  // per pool thread; guarded by the poo
 }  // namespace
 
 void attention_run(const AttnArgs& a) {
-  auto attend = current_isa() == Isa::avx512 ? attend_avx512
-      : current_isa() == Isa::avx2           ? attend_avx2
-                                             : attend_generic;
+  auto attend = for_isa(attend_avx512, attend_avx2, attend_generic);
   std::vector<Item> rows;
   int64_t longest = 0, work = 0;
   for (int64_t i = 0; i < a.num_sequences; ++i) {

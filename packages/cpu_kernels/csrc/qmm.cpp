@@ -130,9 +130,7 @@ void qmm_run(const QmmArgs& args) {
   QmmArgs a = args;
   a.x = x_permuted.data();
   ThreadPool& tp = get_pool();
-  auto range = selected == Isa::avx512 ? qmm_range_avx512
-      : selected == Isa::avx2          ? qmm_range_avx2
-                                       : qmm_range_generic;
+  auto range = for_isa(qmm_range_avx512, qmm_range_avx2, qmm_range_generic);
   // Chunks of whole columns: the split changes which thread computes an element, never how.
   // About 4 chunks a thread balances load; at least kColAlign columns and kMinChunkWork
   // multiply-adds keep chunks worth a claim.

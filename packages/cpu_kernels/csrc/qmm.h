@@ -55,6 +55,13 @@ Isa current_isa();
 void set_isa(Isa isa);  // throws std::invalid_argument if this CPU lacks it
 const char* isa_name(Isa isa);
 
+// The copy of a per-instruction-set kernel (the *_isa.cpp translation units) that runs now.
+template <class F>
+F for_isa(F avx512, F avx2, F generic) {
+  const Isa isa = current_isa();
+  return isa == Isa::avx512 ? avx512 : isa == Isa::avx2 ? avx2 : generic;
+}
+
 int num_threads();
 void set_num_threads(int n);
 

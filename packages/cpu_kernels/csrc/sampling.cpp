@@ -18,10 +18,6 @@ constexpr int64_t kSortBelow = 64;  // top-p sorts its candidates once this few 
 
 using ExpFn = void (*)(const float*, float*, int64_t);
 
-ExpFn exp_for_isa() {
-  return current_isa() == Isa::avx512 ? exp_avx512 : current_isa() == Isa::avx2 ? exp_avx2 : exp_generic;
-}
-
 // Larger value first, ties by the lower token id: a strict total order, so every partial sort
 // below picks the same tokens whatever the algorithm's internals.
 struct Before {
@@ -148,7 +144,7 @@ uint32_t sample_row(const float* x, int64_t n, uint64_t word, const SampleArgs& 
 }  // namespace
 
 void sample_run(const float* x, const uint64_t* words, uint32_t* out, int64_t rows, int64_t n, const SampleArgs& args) {
-  const ExpFn exp_n = exp_for_isa();
+  const ExpFn exp_n = for_isa(exp_avx512, exp_avx2, exp_generic);
   int64_t chunks = 1;
   auto plan = [&](int threads) {
     chunks = std::min<int64_t>(rows, threads);
