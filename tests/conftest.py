@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -31,6 +31,25 @@ def embedded_native() -> MlxAutoregressiveBinding:
     if sys.platform != "linux":
         pytest.skip("the native CPU kernels are Linux-only")
     return load_binding(cpu_kernels="native")
+
+
+@pytest.fixture
+def every_isa_and_thread_count(restore_threads_and_isa: None) -> Callable[[], Iterator[tuple[str, int]]]:
+    """Sets, in turn, each instruction set this CPU runs with 1, 2 and 3 kernel threads, yielding
+    (isa, threads) once each is set; the previous settings come back after the test."""
+    from mlxkv_cpu_kernels import ops
+
+    def settings() -> Iterator[tuple[str, int]]:
+        for isa in ("avx512", "avx2", "generic"):
+            try:
+                ops.set_isa(isa)
+            except ValueError:
+                continue  # this CPU lacks it
+            for threads in (1, 2, 3):
+                ops.set_num_threads(threads)
+                yield isa, threads
+
+    return settings
 
 
 @pytest.fixture

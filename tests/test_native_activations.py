@@ -8,6 +8,7 @@ by the native tiny models of test_batching.py and test_speculative.py, built thr
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -52,20 +53,15 @@ def test_an_element_gets_the_same_bits_alone_in_a_batch_or_strided() -> None:
     assert mx.array_equal(transposed, together.T).item()
 
 
-@pytest.mark.usefixtures("restore_threads_and_isa")
-def test_every_instruction_set_and_thread_count_gives_the_same_bits() -> None:
+def test_every_instruction_set_and_thread_count_gives_the_same_bits(
+        every_isa_and_thread_count: Callable[[], Iterator[tuple[str, int]]]) -> None:
     gate, up = gate_and_up((64, 1541), seed=3)  # enough elements to split over threads, and a tail
     logits = gate * 3
     reference = [ops.swiglu(gate, up), ops.log_softmax(logits)]
     mx.eval(reference)
-    for isa in ("avx512", "avx2", "generic"):
-        if isa == "avx512" and ops.best_isa() != "avx512" or isa == "avx2" and ops.best_isa() == "generic":
-            continue
-        ops.set_isa(isa)
-        for threads in (1, 2, 3):
-            ops.set_num_threads(threads)
-            assert mx.array_equal(ops.swiglu(gate, up), reference[0]).item(), (isa, threads)
-            assert mx.array_equal(ops.log_softmax(logits), reference[1]).item(), (isa, threads)
+    for setting in every_isa_and_thread_count():
+        assert mx.array_equal(ops.swiglu(gate, up), reference[0]).item(), setting
+        assert mx.array_equal(ops.log_softmax(logits), reference[1]).item(), setting
 
 
 @pytest.mark.parametrize("shape", [(1, 49152), (8, 1000), (3, 5), (17,)])

@@ -8,6 +8,7 @@ test_speculative.py (native tiny models) and test_native_kernels_embedded.py.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -77,18 +78,13 @@ def test_a_row_is_bitwise_the_same_fed_alone_in_a_chunk_or_next_to_other_sequenc
     assert mx.array_equal(mx.concatenate([first, second[3:]]), together).item()
 
 
-@pytest.mark.usefixtures("restore_threads_and_isa")
 @pytest.mark.parametrize("dim", [64, 128, 256])
-def test_every_instruction_set_and_thread_count_gives_the_same_bits(dim: int) -> None:
+def test_every_instruction_set_and_thread_count_gives_the_same_bits(
+        dim: int, every_isa_and_thread_count: Callable[[], Iterator[tuple[str, int]]]) -> None:
     q, k, v = tensors(300, 9, 3, dim, seed=5)  # enough work to split over threads; 300: a tail of keys
     reference, _ = attend(q, k, v, [0], empty(3, dim, 512), [300])
-    for isa in ("avx512", "avx2", "generic"):
-        if isa == "avx512" and ops.best_isa() != "avx512" or isa == "avx2" and ops.best_isa() == "generic":
-            continue
-        ops.set_isa(isa)
-        for threads in (1, 2, 3):
-            ops.set_num_threads(threads)
-            assert mx.array_equal(attend(q, k, v, [0], empty(3, dim, 512), [300])[0], reference).item(), (isa, threads)
+    for setting in every_isa_and_thread_count():
+        assert mx.array_equal(attend(q, k, v, [0], empty(3, dim, 512), [300])[0], reference).item(), setting
 
 
 def test_a_buffer_someone_still_holds_is_copied_not_overwritten() -> None:

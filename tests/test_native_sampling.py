@@ -8,6 +8,7 @@ models of test_batching.py, test_speculative.py and the tests below.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -104,21 +105,15 @@ def test_a_row_draws_the_same_token_alone_in_a_batch_or_strided() -> None:
                           ops.sample(strided + 0, words, inv_temperature=1.3)).item()
 
 
-@pytest.mark.usefixtures("restore_threads_and_isa")
-def test_every_instruction_set_and_thread_count_draws_the_same_tokens() -> None:
+def test_every_instruction_set_and_thread_count_draws_the_same_tokens(
+        every_isa_and_thread_count: Callable[[], Iterator[tuple[str, int]]]) -> None:
     logprobs = logprobs_of(32, 49152, seed=2, spread=2.0)
     words = mx.array(np.arange(32, dtype=np.uint64) * np.uint64(0xBF58476D1CE4E5B9))
     reference = [draw(logprobs, words, 1.0, f) for f in FILTERS]
     mx.eval(reference)
-    for isa in ("avx512", "avx2", "generic"):
-        if isa == "avx512" and ops.best_isa() != "avx512" or isa == "avx2" and ops.best_isa() == "generic":
-            continue
-        ops.set_isa(isa)
-        for threads in (1, 2, 3):
-            ops.set_num_threads(threads)
-            for filters, want in zip(FILTERS, reference):
-                got = draw(logprobs, words, 1.0, filters)
-                assert mx.array_equal(got, want).item(), (isa, threads, filters)
+    for setting in every_isa_and_thread_count():
+        for filters, want in zip(FILTERS, reference):
+            assert mx.array_equal(draw(logprobs, words, 1.0, filters), want).item(), (setting, filters)
 
 
 def test_masked_tokens_are_never_drawn_and_a_certain_token_always_is() -> None:
