@@ -16,6 +16,7 @@ each row runs its own graph inside the same step: slower, still exact.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -224,20 +225,15 @@ class BatchScheduler:
         lengths = [int(t.size) for t in inputs]
         try:
             logits = self.binding.decode_batch(mx.concatenate(list(inputs)), [g.caches for g in stepping], lengths)
-            drawn, start = [], 0
-            for generation, length in zip(stepping, lengths):
-                drawn.extend(generation.draw(logits[start : start + length]))
-                start += length
-            mx.eval(drawn)  # every plain row's token in one evaluation
-            rows, start = [], 0
-            for generation, length in zip(stepping, lengths):
-                rows.append(generation.accept(logits[start : start + length]))
-                start += length
+            ends = list(itertools.accumulate(lengths))
+            own = [logits[end - length : end] for length, end in zip(lengths, ends)]  # each generation's rows
+            mx.eval([a for generation, rows in zip(stepping, own) for a in generation.draw(rows)])  # every plain row at once
+            accepted = [generation.accept(rows) for generation, rows in zip(stepping, own)]
         except Exception as e:  # noqa: BLE001 - the rows shared the step: each of them failed
             for generation in stepping:
                 outcomes[id(generation)] = StepOutcome(generation, (), False, e)
             return
         self.batched_steps += 1
         self.binding.step_costs.record(sum(lengths), time.perf_counter() - started)
-        for generation, deltas in zip(stepping, rows):
+        for generation, deltas in zip(stepping, accepted):
             outcomes[id(generation)] = StepOutcome(generation, tuple(deltas), False)
