@@ -2,7 +2,8 @@
 streaming clients, in one run, on `mlxkv serve --max-batch 8`, on `--max-batch 1`, and on
 mlx_lm.server (mlx-lm's own batching) over the same weights: the embedded model written out as an
 mlx-lm directory (`tools.mlx_lm_reference`). No prompt cache on any server, greedy (or
-`--temperature T [--top-p P]`: sampled requests, the same fields on every server), distinct prompts; the mlxkv servers run the CLI's default CPU kernels (native where built). Every stream's
+`--temperature T [--top-p P]`: sampled requests, the same fields on every server), distinct
+prompts; the mlxkv servers run the CLI's default CPU kernels (native where built). Every stream's
 EOS is barred (`logit_bias`, on every server), so each runs its max tokens and N streams stay N
 concurrent sequences to the end (most of these prompts' answers end within 20-30 tokens, leaving a
 batch of two or three); `--stop-at-eos` lets answers end.
