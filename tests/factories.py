@@ -202,3 +202,18 @@ def make_plain_caches(num_tokens: int, layers: int = 2, seed: int = 0, dtype: mx
         caches.append(cache)
     mx.eval([c.state for c in caches])
     return caches
+
+
+def count_fed_tokens(binding: MlxAutoregressiveBinding, monkeypatch: Any) -> list[int]:
+    """The token counts `binding` is fed from now on outside one-token decode steps (its
+    `prefill` and `feed` calls), appended to the list returned."""
+    fed: list[int] = []
+    for name in ("prefill", "feed"):
+        method = getattr(binding, name)
+
+        def counted(tokens: Sequence[int], *args: Any, _method: Any = method, **kwargs: Any) -> Any:
+            fed.append(len(tokens))
+            return _method(tokens, *args, **kwargs)
+
+        monkeypatch.setattr(binding, name, counted)
+    return fed

@@ -16,7 +16,7 @@ from mlxkv_inference.engine.scheduler import BatchScheduler
 from mlxkv_inference.engine.speculation import SpeculativeMode, SpeculativeParams, StepCosts, round_fits
 from mlxkv_inference.engine.speculator import Speculator
 from mlxkv_inference.models.draft import layer_skip_draft
-from tests.factories import make_prompt, make_tiny_binding
+from tests.factories import count_fed_tokens, make_prompt, make_tiny_binding
 
 # kind -> (model overrides, kv scheme, draft layers). Rotating: a window the rounds run into;
 # quantized: rounds straddle the quantization start; recurrent: a hybrid with linear attention.
@@ -145,6 +145,35 @@ def test_checkpoints_taken_during_speculation_resume_exactly() -> None:
         resumed = Generation(binding, prompt, params, state.caches,
                              resume=ResumePoint(state.generated, state.pending)).run()
         assert resumed.token_ids == full.token_ids
+
+
+def test_draft_checkpoints_keep_the_draft_caches_and_resume_without_reading_the_history_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlxkv_inference.cache.reuse import frozen_copy
+    from mlxkv_inference.engine.generate import CheckpointState, ResumePoint
+
+    binding = _binding("plain")
+    draft = layer_skip_draft(binding, 1)
+    fed = count_fed_tokens(draft, monkeypatch)
+    prompt = repetitive_prompt(60)
+    params = GenerationParams(max_tokens=40, ignore_eos=True, speculative=SpeculativeParams(
+        mode="draft", num_draft_tokens=3, adaptive=False))
+    checkpoints: list[CheckpointState] = []
+    full = Generation(binding, prompt, params, checkpoint_every=8, on_checkpoint=checkpoints.append, draft=draft).run()
+    assert full.draft_tokens > 0 and len(checkpoints) == 4
+    for state in checkpoints:
+        assert state.draft is not None
+        history = (*prompt, *state.generated)
+        # a prefix of what the target's caches hold, at most the pending token and a round behind them
+        assert state.draft.tokens == history[: len(state.draft.tokens)] and len(state.draft.tokens) >= len(history) - 4
+        assert [c.offset for c in state.draft.caches] == [len(state.draft.tokens)] * len(state.draft.caches)
+        for draft_state, reread in ((state.draft, False), (None, True)):
+            fed.clear()
+            caches = frozen_copy(state.caches, len(history))
+            resumed = Generation(binding, prompt, params, caches, draft=draft,
+                                 resume=ResumePoint(state.generated, state.pending, draft_state)).run()
+            assert resumed.token_ids == full.token_ids
+            assert (max(fed) >= len(history) - 1) == reread  # without the state the draft reads the history first
 
 
 def test_prompt_lookup_drafts_what_followed_the_longest_latest_match() -> None:

@@ -2,7 +2,9 @@
 engine's `CheckpointStore` Protocol.
 
 The store is identity-bound: it is opened for one model binding (model id, tokenizer hash,
-config fingerprint), so KV is never reused across identities.
+config fingerprint), so KV is never reused across identities. A server with a draft model opens
+a second store in the same directory under the draft's identity, for the draft's part of each
+generation checkpoint; the two split the byte cap in proportion to their layer counts.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import mlx.core as mx
 
 from mlxkv_inference import MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
+from mlxkv_inference.engine.proposers import DraftState
 from mlxkv_inference.prompt_cache import ColdHit, ColdRestored, ColdTier, TieredPromptCache
 from mlxkv_ssd_cache import (
     DEFAULT_CHECKPOINT_TTL_S, Attachments, CacheHit, KvIdentity, RestoredState, SsdCacheStore, StoreStats,
@@ -29,10 +32,12 @@ B = TypeVar("B")
 
 
 class SsdColdTier:
-    """`ColdTier` and `CheckpointStore` over an `SsdCacheStore`."""
+    """`ColdTier` and `CheckpointStore` over an `SsdCacheStore` (and `draft_store`, the draft
+    model's, for the draft's caches of each checkpoint)."""
 
-    def __init__(self, store: SsdCacheStore) -> None:
+    def __init__(self, store: SsdCacheStore, draft_store: SsdCacheStore | None = None) -> None:
         self.ssd = store
+        self.draft_ssd = draft_store
 
     def find(self, prompt: Sequence[int], ns: str) -> ColdHit | None:
         return _cold_hit(self.ssd.find(prompt, ns))
@@ -60,35 +65,70 @@ class SsdColdTier:
         return self.ssd.store(tokens, caches, ns, Attachments(groups) if groups else None)
 
     def stats(self) -> StoreStats:
-        return self.ssd.stats()
+        """The two stores' counts together (the draft's holds checkpoints only)."""
+        own = self.ssd.stats()
+        if self.draft_ssd is None:
+            return own
+        draft = self.draft_ssd.stats()
+        return StoreStats(own.entries, own.bytes + draft.bytes, own.max_bytes + draft.max_bytes,
+                          own.quarantined + draft.quarantined, own.evictions + draft.evictions, own.checkpoints,
+                          own.expired_checkpoints)
 
-    def save_checkpoint(self, tokens: Sequence[int], caches: Sequence[LayerCache], checkpoint: GenerationCheckpoint) -> bool:
-        return self.ssd.save_checkpoint(tokens, caches, checkpoint)
+    def save_checkpoint(self, tokens: Sequence[int], caches: Sequence[LayerCache], checkpoint: GenerationCheckpoint,
+                        draft: DraftState | None = None) -> bool:
+        """The target's checkpoint, then the draft's (a crash between them leaves the draft's
+        previous one: older, so still a prefix of the same generation, and loaded as such)."""
+        saved = self.ssd.save_checkpoint(tokens, caches, checkpoint)
+        if saved and draft is not None and self.draft_ssd is not None:
+            self.draft_ssd.save_checkpoint(draft.tokens, draft.caches, checkpoint)
+        return saved
 
     def load_checkpoint(self, key: str) -> RestoredCheckpoint | None:
         state = self.ssd.load_checkpoint(key)
         if state is None or state.generation_checkpoint is None:
             return None
-        return RestoredCheckpoint(state.tokens, state.caches, state.generation_checkpoint)
+        return RestoredCheckpoint(state.tokens, state.caches, state.generation_checkpoint, self._load_draft(key, state.tokens))
 
     def remove_checkpoint(self, key: str) -> None:
         self.ssd.remove_checkpoint(key)
+        if self.draft_ssd is not None:
+            self.draft_ssd.remove_checkpoint(key)
+
+    def _load_draft(self, key: str, tokens: Sequence[int]) -> DraftState | None:
+        """The draft's checkpoint of `key` if it holds a prefix of `tokens` (else the draft reads
+        the history again, as it would without one)."""
+        state = self.draft_ssd.load_checkpoint(key) if self.draft_ssd is not None else None
+        if state is None or tuple(tokens[: len(state.tokens)]) != state.tokens:
+            return None
+        return DraftState(state.tokens, state.caches)
 
 
 def open_cold_tier(
-    binding: MlxAutoregressiveBinding, directory: Path, max_bytes: int, checkpoint_ttl_s: float = DEFAULT_CHECKPOINT_TTL_S
+    binding: MlxAutoregressiveBinding, directory: Path, max_bytes: int, checkpoint_ttl_s: float = DEFAULT_CHECKPOINT_TTL_S,
+    draft: MlxAutoregressiveBinding | None = None,
 ) -> SsdColdTier:
-    identity = KvIdentity(binding.model_id, binding.tokenizer_hash, binding.config_fingerprint)
-    return SsdColdTier(SsdCacheStore(directory, identity, max_bytes, checkpoint_ttl_s=checkpoint_ttl_s))
+    """The store of `binding` in `directory`, and with `draft` the draft model's beside it (the
+    cap `max_bytes` split between them by layer count)."""
+    draft_bytes = 0
+    if draft is not None:
+        draft_layers = len(draft.make_cache())
+        draft_bytes = max_bytes * draft_layers // (len(binding.make_cache()) + draft_layers)
+    store = SsdCacheStore(directory, _identity(binding), max_bytes - draft_bytes, checkpoint_ttl_s=checkpoint_ttl_s)
+    draft_store = SsdCacheStore(directory, _identity(draft), draft_bytes, checkpoint_ttl_s=checkpoint_ttl_s) if draft else None
+    return SsdColdTier(store, draft_store)
 
 
 def build_tiers(
     binding: MlxAutoregressiveBinding, *, ram_bytes: int, ssd_dir: Path | None, ssd_bytes: int,
-    checkpoint_ttl_s: float = DEFAULT_CHECKPOINT_TTL_S,
+    checkpoint_ttl_s: float = DEFAULT_CHECKPOINT_TTL_S, draft: MlxAutoregressiveBinding | None = None,
 ) -> tuple[TieredPromptCache, SsdColdTier | None]:
-    cold = open_cold_tier(binding, ssd_dir, ssd_bytes, checkpoint_ttl_s) if ssd_dir is not None else None
+    cold = open_cold_tier(binding, ssd_dir, ssd_bytes, checkpoint_ttl_s, draft) if ssd_dir is not None else None
     tier: ColdTier | None = cold
     return TieredPromptCache(ram_bytes, tier), cold
+
+
+def _identity(binding: MlxAutoregressiveBinding) -> KvIdentity:
+    return KvIdentity(binding.model_id, binding.tokenizer_hash, binding.config_fingerprint)
 
 
 def _cold_hit(hit: CacheHit | None) -> ColdHit | None:

@@ -16,24 +16,28 @@ from typing import Protocol
 from mlxkv_inference import GenerationParams
 from mlxkv_inference.background_writer import BackgroundWriter, FlushReport
 from mlxkv_inference.cache.factory import LayerCache
+from mlxkv_inference.engine.proposers import DraftState
 from mlxkv_ssd_cache import KvIdentity, StoreStats
 from mlxkv_state.header import GenerationCheckpoint
 
 
 @dataclass(frozen=True, slots=True)
 class RestoredCheckpoint:
-    """A durable checkpoint: `caches` hold `tokens` (the prompt and the tokens generated so far)."""
+    """A durable checkpoint: `caches` hold `tokens` (the prompt and the tokens generated so far);
+    `draft`: the draft model's state, where it was kept and still fits `tokens`."""
 
     tokens: tuple[int, ...]
     caches: list[LayerCache]
     checkpoint: GenerationCheckpoint
+    draft: DraftState | None = None
 
 
 class CheckpointStore(Protocol):
-    """Where the engine keeps generation checkpoints (the newest per request key), and the
-    stats of the store behind them."""
+    """Where the engine keeps generation checkpoints (the newest per request key, with the
+    draft model's state where there is one), and the stats of the store behind them."""
 
-    def save_checkpoint(self, tokens: Sequence[int], caches: Sequence[LayerCache], checkpoint: GenerationCheckpoint) -> bool: ...
+    def save_checkpoint(self, tokens: Sequence[int], caches: Sequence[LayerCache], checkpoint: GenerationCheckpoint,
+                        draft: DraftState | None) -> bool: ...
 
     def load_checkpoint(self, key: str) -> RestoredCheckpoint | None: ...
 
@@ -74,9 +78,10 @@ class CheckpointWriter:
     def written(self) -> int:
         return self._writer.stats().written
 
-    def save(self, tokens: Sequence[int], caches: list[LayerCache], checkpoint: GenerationCheckpoint) -> None:
+    def save(self, tokens: Sequence[int], caches: list[LayerCache], checkpoint: GenerationCheckpoint,
+             draft: DraftState | None = None) -> None:
         saved = tuple(tokens)
-        self._writer.submit(checkpoint.key, lambda: self._store.save_checkpoint(saved, caches, checkpoint))
+        self._writer.submit(checkpoint.key, lambda: self._store.save_checkpoint(saved, caches, checkpoint, draft))
 
     def remove(self, key: str) -> None:
         self._writer.submit(key, lambda: self._remove(key))

@@ -430,7 +430,7 @@ class LocalEngine:
             self._update(job, lambda s: s.resume(len(checkpoint.generated_tokens)))
             return self._generator.start(
                 job.prompt, replace(job.params, sampling=sampling),
-                resume=(restored.caches, ResumePoint(checkpoint.generated_tokens, checkpoint.pending_token)),
+                resume=(restored.caches, ResumePoint(checkpoint.generated_tokens, checkpoint.pending_token, restored.draft)),
                 checkpoint_every=self._checkpoint_every, on_checkpoint=on_checkpoint,
             )
         return self._generator.start(job.prompt, job.params, history_end=job.history_end, read=read,
@@ -444,7 +444,7 @@ class LocalEngine:
             pending_token=state.pending, seed=state.seed, seed_was_explicit=job.params.sampling.seed is not None,
             logprobs=job.trail.for_checkpoint(state) if job.trail is not None else None,
         )
-        self._checkpoints.save(job.prompt + list(state.generated), state.caches, checkpoint)
+        self._checkpoints.save(job.prompt + list(state.generated), state.caches, checkpoint, state.draft)
         self._update(job, lambda s: s.checkpoint(len(state.generated)))
 
     def _remember(self, state: GenerationStatus) -> None:

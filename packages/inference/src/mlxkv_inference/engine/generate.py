@@ -16,7 +16,7 @@ from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
 from mlxkv_inference.engine.logits import context_window, make_logits_processors
 from mlxkv_inference.cache.reuse import covered_tokens, frozen_copy
 from mlxkv_inference.engine.loop import Decoder, Drawn, PrefillProgress, SequenceRun, TokenStep
-from mlxkv_inference.engine.proposers import DraftModel, PromptLookup, Proposer
+from mlxkv_inference.engine.proposers import DraftModel, DraftState, PromptLookup, Proposer
 from mlxkv_inference.engine.sampling import SamplingParams, choose_seed, make_sampler
 from mlxkv_inference.engine.speculation import SpeculativeParams, round_fits
 from mlxkv_inference.engine.speculator import Speculator
@@ -58,22 +58,25 @@ class TextDelta:
 @dataclass(frozen=True, slots=True)
 class ResumePoint:
     """Where a checkpointed generation stands: tokens already generated (and fed to the caches)
-    and the token sampled next, never fed."""
+    and the token sampled next, never fed; `draft`: its draft model's state, where checkpointed."""
 
     generated: tuple[int, ...]
     pending: int
+    draft: DraftState | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class CheckpointState:
     """A consistent snapshot: `caches` hold the prompt and `generated`; `pending` comes next,
-    sampled from `pending_logprobs` (over the vocabulary)."""
+    sampled from `pending_logprobs` (over the vocabulary). `draft`: the draft model's caches
+    (speculating in mode "draft"), holding a prefix of the prompt and `generated`."""
 
     generated: tuple[int, ...]
     pending: int
     caches: list[LayerCache]
     seed: int
     pending_logprobs: mx.array
+    draft: DraftState | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +136,9 @@ class Generation:
             constraint=GrammarConstraint(params.grammar, binding.tokenizer, replay=replayed) if params.grammar is not None else None,
         )
         self._decoder = Decoder(binding, self.caches, params.compiled_decode)
-        self._speculator = _make_speculator(binding, params.speculative, draft)
+        proposer = _make_proposer(params.speculative, draft, resume.draft if resume is not None else None)
+        self._speculator = Speculator(params.speculative, proposer, binding.step_costs) if proposer is not None else None
+        self._draft_model = proposer if isinstance(proposer, DraftModel) else None
         self._drafts: list[int] = []  # the open round's drafts (empty: a plain step)
         self._round_rows = 0  # positions the open step feeds
         self._drawn: Drawn | None = None  # a plain step's sampling graph, drawn before `accept`
@@ -366,7 +371,9 @@ class Generation:
         assert self._on_checkpoint is not None
         # The caches hold exactly the prompt and `generated` here: `pending` is not fed yet.
         copies = frozen_copy(self.caches, covered_tokens(self.caches))
-        self._on_checkpoint(CheckpointState(generated, pending.token, copies, self.seed, pending.logprobs))
+        history = self.prompt[: self._original_prompt] + list(generated)
+        draft = self._draft_model.snapshot(history) if self._draft_model is not None else None
+        self._on_checkpoint(CheckpointState(generated, pending.token, copies, self.seed, pending.logprobs, draft))
 
     def _make_result(self) -> GenerationResult:
         prefilled = len(self.prompt) - self.cached_tokens
@@ -389,16 +396,12 @@ class Generation:
         )
 
 
-def _make_speculator(binding: MlxAutoregressiveBinding, params: SpeculativeParams,
-                     draft: MlxAutoregressiveBinding | None) -> Speculator | None:
-    proposer: Proposer
+def _make_proposer(params: SpeculativeParams, draft: MlxAutoregressiveBinding | None,
+                   draft_state: DraftState | None) -> Proposer | None:
     if params.mode == "off":
         return None
     if params.mode == "prompt_lookup":
-        proposer = PromptLookup(params.ngram_min, params.ngram_max)
-    elif draft is None:
+        return PromptLookup(params.ngram_min, params.ngram_max)
+    if draft is None:
         raise ValueError("speculative mode 'draft' needs a draft model (serve/generate --draft-model or --draft-layers)")
-    else:
-        proposer = DraftModel(draft)
-    return Speculator(params, proposer, binding.step_costs)
-
+    return DraftModel(draft, draft_state)

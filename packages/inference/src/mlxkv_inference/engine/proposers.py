@@ -7,6 +7,7 @@ Drafts only decide how many tokens a round can accept, never which tokens are pr
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import mlx.core as mx
@@ -14,7 +15,7 @@ import mlx.core as mx
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
 from mlxkv_inference.cache.contract import CacheTrimError
 from mlxkv_inference.cache.factory import LayerCache
-from mlxkv_inference.cache.reuse import common_prefix, covered_tokens
+from mlxkv_inference.cache.reuse import common_prefix, covered_tokens, frozen_copy
 
 
 class Proposer(Protocol):
@@ -64,14 +65,35 @@ class PromptLookup:
                     self._latest[n][tuple(self._tokens[start : end - 1])] = start
 
 
+@dataclass(frozen=True, slots=True)
+class DraftState:
+    """A draft model's caches and the tokens they hold: what a generation checkpoint keeps of
+    it, so a resumed generation's drafts do not start by reading the whole history again."""
+
+    tokens: tuple[int, ...]
+    caches: list[LayerCache]
+
+
 class DraftModel:
     """Greedy drafts from a smaller model with the same tokenizer, on caches of its own that
-    follow the history (kept positions are reused; what a round rejected is trimmed)."""
+    follow the history (kept positions are reused; what a round rejected is trimmed). `state`:
+    where a checkpoint left them (its tokens are reused where the history still starts with them)."""
 
-    def __init__(self, binding: MlxAutoregressiveBinding) -> None:
+    def __init__(self, binding: MlxAutoregressiveBinding, state: DraftState | None = None) -> None:
         self.binding = binding
-        self._caches: list[LayerCache] = binding.make_cache()
-        self._tokens: list[int] = []  # what the caches hold
+        self._caches: list[LayerCache] = state.caches if state is not None else binding.make_cache()
+        self._tokens: list[int] = list(state.tokens) if state is not None else []  # what the caches hold
+
+    def snapshot(self, history: Sequence[int]) -> DraftState | None:
+        """A frozen copy of the caches' part that `history` starts with (None: none of it, or
+        the rest cannot be cut off: a wrapped ring, recurrent state)."""
+        keep = common_prefix(self._tokens, history)
+        if keep == 0:
+            return None
+        try:
+            return DraftState(tuple(self._tokens[:keep]), frozen_copy(self._caches, keep))
+        except CacheTrimError:
+            return None
 
     def propose(self, history: Sequence[int], limit: int) -> list[int]:
         if limit < 1 or not history:

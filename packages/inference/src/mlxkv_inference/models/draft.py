@@ -31,9 +31,11 @@ def layer_skip_draft(target: MlxAutoregressiveBinding, num_layers: int) -> MlxAu
             holder.args = copy.copy(args)
             holder.args.num_hidden_layers = num_layers
     config = {**target.config, "num_hidden_layers": num_layers}
-    # The layers are the target's own modules, already on the target's kernels: bind them as they are.
+    # The layers are the target's own modules, already on the target's kernels: bind them as they
+    # are. The target's fingerprint stands for their weights and kernels in the draft's identity
+    # (a checkpoint keeps the draft's KV under it).
     return MlxAutoregressiveBinding(truncated, target.tokenizer, model_id=f"{target.model_id}#layers:{num_layers}",
-                                    config=config, kv_scheme=target.kv_scheme, weights_digest="")
+                                    config=config, kv_scheme=target.kv_scheme, weights_digest=target.config_fingerprint)
 
 
 def check_draft_tokenizer(target: MlxAutoregressiveBinding, draft: MlxAutoregressiveBinding) -> None:
