@@ -205,15 +205,14 @@ def make_plain_caches(num_tokens: int, layers: int = 2, seed: int = 0, dtype: mx
 
 
 def count_fed_tokens(binding: MlxAutoregressiveBinding, monkeypatch: Any) -> list[int]:
-    """The token counts `binding` is fed from now on outside one-token decode steps (its
-    `prefill` and `feed` calls), appended to the list returned."""
+    """The token counts of `binding.feed` calls from now on (every prefill chunk, every feed
+    outside one-token decode steps), appended to the list returned."""
     fed: list[int] = []
-    for name in ("prefill", "feed"):
-        method = getattr(binding, name)
+    feed = binding.feed
 
-        def counted(tokens: Sequence[int], *args: Any, _method: Any = method, **kwargs: Any) -> Any:
-            fed.append(len(tokens))
-            return _method(tokens, *args, **kwargs)
+    def counted(tokens: Sequence[int], caches: list[Any]) -> None:
+        fed.append(len(tokens))
+        feed(tokens, caches)
 
-        monkeypatch.setattr(binding, name, counted)
+    monkeypatch.setattr(binding, "feed", counted)
     return fed

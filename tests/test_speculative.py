@@ -176,6 +176,40 @@ def test_draft_checkpoints_keep_the_draft_caches_and_resume_without_reading_the_
             assert (max(fed) >= len(history) - 1) == reread  # without the state the draft reads the history first
 
 
+def test_recurrent_rounds_roll_back_through_the_recurrent_layers_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlxkv_inference.cache.recurrent import RecurrentCache
+    from mlxkv_inference.engine.speculation import Round
+
+    binding = _binding("recurrent")
+    assert binding.replays_recurrence
+    caches = binding.make_cache()
+    binding.prefill(make_prompt(20), caches)
+    fed = make_prompt(6, seed=9)
+    for n in range(1, len(fed)):  # every kept length: the replayed states are the refed ones, bit for bit
+        states = []
+        for replay in (True, False):
+            trial = [c.clone() for c in caches]
+            current = Round(trial, len(fed), replay)
+            binding.decode_positions(mx.array(fed), trial)
+            current.keep(n, fed, binding.feed)
+            assert [c.offset for c in trial] == [20 + n] * len(trial)
+            states.append([s for c in trial if isinstance(c, RecurrentCache) for s in c.state])
+        assert all(mx.array_equal(a, b).item() for a, b in zip(*states) if a is not None and b is not None)
+
+    prompt = repetitive_prompt(30)
+    draft = layer_skip_draft(binding, MODELS["recurrent"][3])
+    spec = SpeculativeParams(mode="draft", num_draft_tokens=4, adaptive=False)
+    plain = run(binding, prompt, SAMPLINGS["greedy"], SpeculativeParams())
+    refed = count_fed_tokens(binding, monkeypatch)
+    fast = run(binding, prompt, SAMPLINGS["greedy"], spec, draft)
+    assert fast.token_ids == plain.token_ids and 0 < fast.accepted_tokens < fast.draft_tokens
+    assert sum(refed) <= len(prompt)  # the prompt's prefill; no rolled-back round fed the model again
+    monkeypatch.setattr(binding, "_replays", False)
+    refed.clear()
+    assert run(binding, prompt, SAMPLINGS["greedy"], spec, draft).token_ids == plain.token_ids
+    assert sum(refed) > len(prompt)  # without the replay, rolled-back rounds feed the whole model
+
+
 def test_prompt_lookup_drafts_what_followed_the_longest_latest_match() -> None:
     lookup = PromptLookup(ngram_min=1, ngram_max=3)
     history = [1, 2, 3, 4, 9, 2, 3, 5, 7, 1, 2, 3]

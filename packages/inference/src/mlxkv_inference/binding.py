@@ -23,7 +23,8 @@ from mlxkv_inference.models import batched
 from mlxkv_inference.models.cpu_kernels import CpuKernels, use_native_kernels
 from mlxkv_inference.models.native_attention import NATIVE_ATTENTION, use_native_attention
 from mlxkv_inference.models.native_mlp import NATIVE_SWIGLU, use_native_swiglu
-from mlxkv_inference.engine.speculation import StepCosts, round_fits
+from mlxkv_inference.models.recurrent_replay import use_recurrent_replay
+from mlxkv_inference.engine.speculation import Round, StepCosts, round_fits
 from mlxkv_inference.tokenizer.protocol import Tokenizer
 
 DEFAULT_PREFILL_CHUNK = 512
@@ -72,6 +73,7 @@ class MlxAutoregressiveBinding:
         self._compiled = CompiledDecoder(model)
         self._invariant_rows = 1  # batch sizes probed row-invariant so far (-1: a kernel is not)
         self._positions_exact: bool | None = None  # see `verifies_positions`
+        self._replays = use_recurrent_replay(model)  # see `replays_recurrence` (probed with the positions)
         self.step_costs = StepCosts()  # what a forward of L positions costs here (speculation)
 
     def log_softmax(self, logits: mx.array) -> mx.array:
@@ -168,7 +170,17 @@ class MlxAutoregressiveBinding:
             if not self._positions_exact:
                 log.warning("a multi-token forward of this model differs from single steps: speculation stays off, "
                             "prompts prefill in whole chunks")
+            elif self._replays and not self._probe_replay():
+                log.warning("replaying kept positions through the recurrent layers alone differs from feeding them "
+                            "through the model: rolled-back rounds feed the model again")
+                self._replays = False
         return self._positions_exact
+
+    @property
+    def replays_recurrence(self) -> bool:
+        """Whether a round's recurrent layers feed kept positions again by themselves (see
+        `models/recurrent_replay.py`), probed bitwise against feeding them through the model."""
+        return self.verifies_positions() and self._replays
 
     def _calibrate_step_costs(self) -> None:
         """Seed `step_costs` with forwards of a few sizes, so the first speculative rounds are
@@ -200,6 +212,27 @@ class MlxAutoregressiveBinding:
         single = [self._forward(mx.array([[t]]), alone)[0, -1] for t in tokens[3 : 3 + length]]
         together = self._forward(mx.array(tokens[3 : 3 + length])[None], caches)[0]
         return all(bool(mx.array_equal(together[i], single[i]).item()) for i in range(length))
+
+    def _probe_replay(self) -> bool:
+        """Keep half of a round both ways on scratch caches; whether the states are bitwise equal."""
+        caches = self.make_cache()
+        if not any(isinstance(c, RecurrentCache) for c in caches):
+            return True
+        tokens = [int(t) for t in mx.random.randint(0, self.tokenizer.vocab_size, (3 + PROBED_POSITIONS,), key=mx.random.key(8))]
+        self._forward(mx.array(tokens[:3])[None], caches)
+        mx.eval([c.state for c in caches])
+        fed = tokens[3 : 3 + round_fits(caches, PROBED_POSITIONS, self.kv_scheme)]
+        if len(fed) < 2:
+            return True  # no round verifies more than one position here: nothing is ever rolled back
+        states = []
+        for replay in (True, False):
+            trial = [c.clone() for c in caches]
+            kept = Round(trial, len(fed), replay)
+            self._forward(mx.array(fed)[None], trial)
+            kept.keep(len(fed) // 2, fed, self.feed)
+            states.append([c.state for c in trial if isinstance(c, RecurrentCache)])
+        return all(a is b or (a is not None and b is not None and bool(mx.array_equal(a, b).item()))
+                   for mine, theirs in zip(*states) for a, b in zip(mine, theirs))
 
     def can_decode_batch(self, caches: Sequence[Sequence[LayerCache]], rows: int | None = None) -> bool:
         """Whether `decode_batch` runs these sequences (`rows` positions in all, default one

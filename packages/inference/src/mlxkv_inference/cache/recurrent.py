@@ -2,12 +2,16 @@
 
 The state summarises every token seen, so it cannot be trimmed and holds no per-token bytes.
 Speculative rounds snapshot the state (MLX arrays are immutable, so a snapshot is a list of
-references); a rollback restores the pre-round state, and the engine feeds the kept tokens again
-in one forward, bitwise what single steps give where the model passed the probe (see
-`engine/speculation.py`).
+references). Keeping part of a round restores the pre-round state and feeds the kept positions
+again: through the layer's recurrence alone where its layer recorded how on the round's forward
+(`models/recurrent_replay.py`), else the engine feeds the kept tokens through the whole model.
+Both are bitwise what single steps give where the model passed the probes (see
+`engine/speculation.py` and `MlxAutoregressiveBinding.verifies_positions`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import mlx.core as mx
 
@@ -24,6 +28,8 @@ class RecurrentCache:
         self.left_padding: mx.array | None = None
         self.offset = 0  # tokens fed, counted by the binding (models do not all report it)
         self._round: tuple[list[mx.array | None], int] | None = None
+        self._recording = False  # the open round takes a layer's replay
+        self._replay: Callable[[int], None] | None = None
 
     # -- mlx-lm cache interface -------------------------------------------------------------
     def __getitem__(self, index: int) -> mx.array | None:
@@ -94,7 +100,7 @@ class RecurrentCache:
     def dispose(self) -> None:
         self.cache = [None] * len(self.cache)
         self.offset = 0
-        self._round = None
+        self._close_round()
 
     def clone(self) -> RecurrentCache:
         other = RecurrentCache(len(self.cache))
@@ -106,17 +112,49 @@ class RecurrentCache:
         """Nothing to drop: the state has a fixed size whatever the tokens."""
 
     # -- speculative rounds --------------------------------------------------------------------
-    def spec_round_begin(self) -> None:
+    def spec_round_begin(self, replayable: bool = False) -> None:
+        """Open a round; `replayable`: its layer may record how to feed positions again alone."""
         if self._round is not None:
             raise RuntimeError("a speculative round is already open")
         self._round = (list(self.cache), self.offset)
+        self._recording = replayable
+
+    @property
+    def recording(self) -> bool:
+        """Whether the open round still waits for its layer's replay."""
+        return self._recording and self._replay is None
+
+    def record_replay(self, replay: Callable[[int], None]) -> None:
+        """Called by the layer on the round's forward: `replay(n)` feeds the round's first `n`
+        positions through this layer's recurrence again, into this cache."""
+        if self.recording:
+            self._replay = replay
+
+    @property
+    def replayable(self) -> bool:
+        return self._round is not None and self._replay is not None
 
     def spec_round_commit(self) -> None:
-        self._round = None
+        self._close_round()
 
     def spec_round_rollback(self) -> None:
         """Restore the pre-round state (the caller feeds the round's kept tokens again)."""
         if self._round is None:
             raise RuntimeError("no speculative round is open")
         self.cache, self.offset = list(self._round[0]), self._round[1]
+        self._close_round()
+
+    def spec_round_replay(self, n: int) -> None:
+        """Restore the pre-round state and feed the round's first `n` positions again through
+        the recorded replay (not evaluated)."""
+        replay = self._replay
+        if replay is None:
+            raise RuntimeError("no replay was recorded for the open round")
+        self.spec_round_rollback()
+        replay(n)
+        self.offset += n  # the layer does not count tokens (the binding does, on its forwards)
+
+    def _close_round(self) -> None:
         self._round = None
+        self._recording = False
+        self._replay = None

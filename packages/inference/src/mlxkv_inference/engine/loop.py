@@ -120,7 +120,7 @@ class SequenceRun:
         drafts; the round stays open until `end_round`."""
         assert self._round is None, "a speculative round is already open"
         fed = [_token(self.decode_input()), *drafts]
-        self._round = (Round(self.caches, len(fed)), fed)
+        self._round = (Round(self.caches, len(fed), self.binding.replays_recurrence), fed)
         return mx.array(fed, dtype=mx.uint32)
 
     def sample_round(self, logits: mx.array) -> list[TokenStep]:

@@ -12,7 +12,9 @@ multi-position forward bitwise equal to single steps; `round_fits` keeps rounds 
 states where that does not hold), and the sampler's key depends on (seed, step) alone.
 
 Rolling back: KV caches drop the rejected positions by trimming; recurrent caches go back to
-their pre-round state and the kept positions are fed again (one forward, exact for the same reason).
+their pre-round state and the kept positions are fed again: through each recurrent layer alone,
+from the inputs it recorded on the round's forward (`models/recurrent_replay.py`, where the binding
+probed it exact), else through the whole model in one forward (exact for the same reason).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+import mlx.core as mx
 
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.kv import RotatingKVCache
@@ -77,15 +81,16 @@ def round_fits(caches: Sequence[LayerCache], positions: int, kv_scheme: KvScheme
 
 
 class Round:
-    """One open round over a sequence's caches: `begin` before its forward, `keep(n)` after."""
+    """One open round over a sequence's caches: `begin` before its forward, `keep(n)` after.
+    `replay`: recurrent layers may record how to feed kept positions again by themselves."""
 
-    def __init__(self, caches: list[LayerCache], fed: int) -> None:
+    def __init__(self, caches: list[LayerCache], fed: int, replay: bool = False) -> None:
         self._caches = caches
         self._fed = fed
         self._offsets = [c.offset for c in caches]
         for cache in caches:
             if isinstance(cache, RecurrentCache):
-                cache.spec_round_begin()
+                cache.spec_round_begin(replay)
 
     def keep(self, n: int, tokens: Sequence[int], refeed: Refeed) -> None:
         """Keep the round's first `n` fed positions (`tokens` are the round's fed tokens)."""
@@ -96,9 +101,13 @@ class Round:
             for state in recurrent:
                 state.spec_round_commit()
             return
-        if not recurrent:
+        if all(state.replayable for state in recurrent):  # none, or every one recorded its replay
             for cache in self._caches:
-                cache.trim(self._fed - n)
+                if isinstance(cache, RecurrentCache):
+                    cache.spec_round_replay(n)
+                else:
+                    cache.trim(self._fed - n)
+            mx.eval([state.state for state in recurrent])
             return
         for layer, start in zip(self._caches, self._offsets):  # back to the round's start, then the kept positions again
             if isinstance(layer, RecurrentCache):

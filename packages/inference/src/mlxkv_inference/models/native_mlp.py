@@ -10,11 +10,12 @@ not depend on its neighbours; its exp is not MLX's, so the config fingerprint re
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from mlxkv_inference.models.mixins import mix_into
 
 __all__ = ["NATIVE_SWIGLU", "use_native_swiglu"]
 
@@ -39,20 +40,4 @@ def use_native_swiglu(model: nn.Module) -> bool:
     """Gives every MLP of `model` whose class is a known mlx-lm SwiGLU MLP the native kernel
     (call it only where activations are float32: the kernel takes nothing else); returns whether
     any MLP got it."""
-    known = {cls for cls in (_class(module, name) for module, name in _SWIGLU_MLPS) if cls is not None}
-    mixed: dict[type, type] = {}
-    for _, module in model.named_modules():  # type: ignore[no-untyped-call]  # mlx leaves it untyped
-        cls = type(module)
-        if cls in known:
-            if cls not in mixed:
-                mixed[cls] = type(f"NativeSwiglu{cls.__name__}", (NativeSwigluMixin, cls), {})
-            module.__class__ = mixed[cls]
-    return bool(mixed)
-
-
-def _class(module: str, name: str) -> type | None:
-    try:
-        found = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return None
-    return found if isinstance(found, type) else None
+    return mix_into(model, _SWIGLU_MLPS, NativeSwigluMixin, "NativeSwiglu")
