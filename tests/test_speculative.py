@@ -176,6 +176,22 @@ def test_draft_checkpoints_keep_the_draft_caches_and_resume_without_reading_the_
             assert (max(fed) >= len(history) - 1) == reread  # without the state the draft reads the history first
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["mlx", "native"])
+def test_rounds_on_plain_caches_run_the_compiled_step_and_keep_their_tokens(native: bool) -> None:
+    binding = make_tiny_binding("llama", seed=4, native=native)
+    assert binding.compiles_positions
+    prompt = repetitive_prompt(30)
+    spec = SpeculativeParams(mode="prompt_lookup", num_draft_tokens=4, adaptive=False)
+    for sampling in SAMPLINGS.values():
+        plain = run(binding, prompt, sampling, SpeculativeParams())
+        traces = binding._compiled.num_traces
+        fast = run(binding, prompt, sampling, spec)
+        assert fast.token_ids == plain.token_ids and fast.draft_tokens > 0
+        assert binding._compiled.num_traces > traces or traces > 1  # rounds of several positions were traced
+    params = GenerationParams(max_tokens=40, sampling=SAMPLINGS["seeded"], ignore_eos=True, compiled_decode=False, speculative=spec)
+    assert Generation(binding, prompt, params).run().token_ids == plain.token_ids  # the seeded plain run's
+
+
 def test_recurrent_rounds_roll_back_through_the_recurrent_layers_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     from mlxkv_inference.cache.recurrent import RecurrentCache
     from mlxkv_inference.engine.speculation import Round

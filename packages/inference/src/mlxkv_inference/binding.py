@@ -74,6 +74,7 @@ class MlxAutoregressiveBinding:
         self._invariant_rows = 1  # batch sizes probed row-invariant so far (-1: a kernel is not)
         self._positions_exact: bool | None = None  # see `verifies_positions`
         self._replays = use_recurrent_replay(model)  # see `replays_recurrence` (probed with the positions)
+        self._compiled_positions = True  # see `compiles_positions` (probed with the positions)
         self.step_costs = StepCosts()  # what a forward of L positions costs here (speculation)
 
     def log_softmax(self, logits: mx.array) -> mx.array:
@@ -144,9 +145,13 @@ class MlxAutoregressiveBinding:
         logits = self._forward(tokens[None], caches)[:, -1, :]
         return logits if logits.dtype == mx.float32 else logits.astype(mx.float32)
 
-    def decode_compiled(self, token: mx.array, caches: list[LayerCache]) -> mx.array | None:
-        """The compiled single-token step; None when the caches cannot run it yet (empty)."""
-        logits = self._compiled.step(token, caches)
+    def decode_compiled(self, tokens: mx.array, caches: list[LayerCache]) -> mx.array | None:
+        """(L, vocab) logits of the compiled step over the L 1-D `tokens`; None when the caches
+        cannot run it (empty, or several positions where `compiles_positions` is False or the
+        caches are not all plain)."""
+        if tokens.size > 1 and not self.compiles_positions:
+            return None
+        logits = self._compiled.step(tokens, caches)
         if logits is not None:
             maybe_quantize(caches, self.kv_scheme)
         return logits
@@ -170,11 +175,22 @@ class MlxAutoregressiveBinding:
             if not self._positions_exact:
                 log.warning("a multi-token forward of this model differs from single steps: speculation stays off, "
                             "prompts prefill in whole chunks")
-            elif self._replays and not self._probe_replay():
-                log.warning("replaying kept positions through the recurrent layers alone differs from feeding them "
-                            "through the model: rolled-back rounds feed the model again")
-                self._replays = False
+            else:
+                if self._replays and not self._probe_replay():
+                    log.warning("replaying kept positions through the recurrent layers alone differs from feeding them "
+                                "through the model: rolled-back rounds feed the model again")
+                    self._replays = False
+                if not self._probe_compiled_positions():
+                    log.warning("the compiled step over several positions differs from single compiled steps: "
+                                "speculative rounds run uncompiled")
+                    self._compiled_positions = False
         return self._positions_exact
+
+    @property
+    def compiles_positions(self) -> bool:
+        """Whether a round's positions may run through the compiled step (plain caches only),
+        probed bitwise against single compiled steps."""
+        return self.verifies_positions() and self._compiled_positions
 
     @property
     def replays_recurrence(self) -> bool:
@@ -212,6 +228,27 @@ class MlxAutoregressiveBinding:
         single = [self._forward(mx.array([[t]]), alone)[0, -1] for t in tokens[3 : 3 + length]]
         together = self._forward(mx.array(tokens[3 : 3 + length])[None], caches)[0]
         return all(bool(mx.array_equal(together[i], single[i]).item()) for i in range(length))
+
+    def _probe_compiled_positions(self) -> bool:
+        """Feed positions through the compiled step at once and one by one on scratch caches;
+        whether every position's logits are bitwise equal (true where the caches are not all
+        plain: the compiled step then never takes several positions)."""
+        caches = self.make_cache()
+        tokens = [int(t) for t in mx.random.randint(0, self.tokenizer.vocab_size, (3 + PROBED_POSITIONS,), key=mx.random.key(9))]
+        self._forward(mx.array(tokens[:3])[None], caches)
+        mx.eval([c.state for c in caches])
+        fed = tokens[3 : 3 + round_fits(caches, PROBED_POSITIONS, self.kv_scheme)]
+        alone = [c.clone() for c in caches]
+        scratch = CompiledDecoder(self.model)  # its traces go with it: `--no-compiled-decode` keeps none
+        try:
+            together = scratch.step(mx.array(fed), caches)
+            if together is None:
+                return True
+            singles = [scratch.step(mx.array([token]), alone) for token in fed]
+        except Exception as e:  # noqa: BLE001 - a step that cannot trace is one rounds must not take
+            log.info("the compiled step over several positions does not run here (%s: %s)", type(e).__name__, e)
+            return False
+        return all(single is not None and bool(mx.array_equal(together[i], single[0]).item()) for i, single in enumerate(singles))
 
     def _probe_replay(self) -> bool:
         """Keep half of a round both ways on scratch caches; whether the states are bitwise equal."""

@@ -1,9 +1,9 @@
-"""The compiled single-token decode step.
+"""The compiled decode step: one token, or a speculative round's positions on plain caches.
 
 One `mx.compile`d function runs embed -> layers -> norm -> logits with every layer's cache
 replaced by a decode slot. Buffers, RoPE offsets and ring write positions are inputs, so the
-trace is reused across steps and generations; it is keyed by the caches' (signature, phase),
-and MLX retraces by itself only when an input shape changes (a buffer grew).
+trace is reused across steps and generations; it is keyed by the caches' (signature, phase) and
+the positions fed, and MLX retraces by itself only when an input shape changes (a buffer grew).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from mlxkv_inference.cache.factory import LayerCache
 
 log = logging.getLogger(__name__)
 
-StepKey = tuple[tuple[str, str, int], ...]
+StepKey = tuple[int, tuple[tuple[str, str, int], ...]]
 StepFn = Callable[..., list[mx.array]]
 
 
@@ -39,25 +39,27 @@ class CompiledDecoder:
     def clear(self) -> None:
         self._steps.clear()
 
-    def step(self, token: mx.array, caches: Sequence[LayerCache]) -> mx.array | None:
-        """(1, vocab) logits for one token, or None when some cache cannot run compiled yet.
+    def step(self, tokens: mx.array, caches: Sequence[LayerCache]) -> mx.array | None:
+        """(L, vocab) logits of feeding the L `tokens`, or None when some cache cannot run
+        compiled yet (or not L positions at once).
 
         `prepare_decode_step` may grow or rotate a cache's buffers (eagerly, keeping its tokens);
-        the token itself is written only in `commit_decode_step`, after the compiled call
+        the tokens themselves are written only in `commit_decode_step`, after the compiled call
         returned, so an exception from the step leaves each cache holding the same tokens at the
         same offset, which is all the uncompiled path needs.
         """
-        plans = [c.prepare_decode_step() for c in caches]
+        rows = int(tokens.size)
+        plans = [c.prepare_decode_step(rows) for c in caches]
         if any(p is None for p in plans):
             return None
         ready = [(c, p) for c, p in zip(caches, plans) if p is not None]
         inputs = [c.decode_inputs(p) for c, p in ready]
-        key: StepKey = tuple((c.signature(), p.phase, len(i)) for (c, p), i in zip(ready, inputs))
+        key: StepKey = (rows, tuple((c.signature(), p.phase, len(i)) for (c, p), i in zip(ready, inputs)))
         if key not in self._steps:
             slots: list[DecodeSlot] = [c.decode_slot(p) for c, p in ready]
             self._steps[key] = (self._build(slots, [len(i) for i in inputs]), [s.num_outputs for s in slots])
         fn, counts = self._steps[key]
-        outputs = fn(token.reshape(1, 1), *(a for group in inputs for a in group))
+        outputs = fn(tokens.reshape(1, rows), *(a for group in inputs for a in group))
         logits, rest = outputs[0], outputs[1:]
         for (cache, plan), n in zip(ready, counts):
             cache.commit_decode_step(plan, rest[:n])
@@ -67,12 +69,12 @@ class CompiledDecoder:
     def _build(self, slots: list[DecodeSlot], sizes: list[int]) -> StepFn:
         model = self._model
 
-        def run(token: mx.array, *flat: mx.array) -> list[mx.array]:
+        def run(tokens: mx.array, *flat: mx.array) -> list[mx.array]:
             at = 0
             for slot, n in zip(slots, sizes):
                 slot.bind(list(flat[at : at + n]))
                 at += n
-            logits = _mlx_lm.forward(model, token, list(slots))[:, -1, :]
+            logits = _mlx_lm.forward(model, tokens, list(slots))[0]
             if logits.dtype != mx.float32:
                 logits = logits.astype(mx.float32)
             return [logits, *(o for slot in slots for o in slot.outputs())]

@@ -3,11 +3,11 @@
 A cache declares a stable storage identity (`signature()`), how far it can be trimmed, and how
 the compiled decode step drives it:
 
-    plan = cache.prepare_decode_step()      # eager: grow/rotate buffers, pick the write index
+    plan = cache.prepare_decode_step(rows)  # eager: grow/rotate buffers, pick the write index
     slot = cache.decode_slot(plan)          # what the model sees inside the compiled step
     slot.bind(cache.decode_inputs(plan))    # per-step arrays: buffers, RoPE offset, write index
     ...
-    ... model(token, cache=slots) ...       # traced once per (signatures, phases, shapes)
+    ... model(tokens, cache=slots) ...      # traced once per (signatures, phases, rows, shapes)
     cache.commit_decode_step(plan, slot.outputs())
 
 A cache that cannot say what it is is never persisted or routed by guess.
@@ -34,12 +34,14 @@ class CompiledStepUnsupported(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class DecodePlan:
-    """One decode step of one cache: the token lands at `write_index` of a `capacity` buffer."""
+    """One decode step of one cache: its `rows` tokens land from `write_index` on in a
+    `capacity` buffer (more than one: a speculative round's positions)."""
 
     phase: DecodePhase
     capacity: int
     write_index: int
     offset: int
+    rows: int = 1
 
 
 @runtime_checkable
@@ -77,8 +79,9 @@ class CompiledDecodeCache(Protocol):
 
     def decode_phase(self) -> DecodePhase: ...
 
-    def prepare_decode_step(self) -> DecodePlan | None:
-        """Make room for one token; None when the step cannot run compiled (empty cache)."""
+    def prepare_decode_step(self, rows: int = 1) -> DecodePlan | None:
+        """Make room for `rows` tokens; None when the step cannot run compiled (an empty cache,
+        or more rows than this kind's compiled step feeds: only plain caches take several)."""
         ...
 
     def decode_slot(self, plan: DecodePlan) -> DecodeSlot: ...

@@ -82,12 +82,12 @@ class PlainKVCache(_DenseBuffers):
     def decode_phase(self) -> DecodePhase:
         return "concat"
 
-    def prepare_decode_step(self) -> DecodePlan | None:
+    def prepare_decode_step(self, rows: int = 1) -> DecodePlan | None:
         if self.keys is None or self.values is None:
             return None
-        self._reserve(self.keys, self.values, 1)
+        self._reserve(self.keys, self.values, rows)
         assert self.keys is not None
-        return DecodePlan("concat", self.keys.shape[2], self.offset, self.offset)
+        return DecodePlan("concat", self.keys.shape[2], self.offset, self.offset, rows)
 
     def decode_slot(self, plan: DecodePlan) -> KvDecodeSlot:
         return PlainKvDecodeSlot(plan)
@@ -99,7 +99,7 @@ class PlainKVCache(_DenseBuffers):
 
     def commit_decode_step(self, plan: DecodePlan, outputs: list[mx.array]) -> None:
         self.keys, self.values = outputs
-        self.offset = plan.offset + 1
+        self.offset = plan.offset + plan.rows
 
     def dispose(self) -> None:
         self.keys = self.values = None
@@ -239,8 +239,8 @@ class RotatingKVCache(_DenseBuffers):
     def decode_phase(self) -> DecodePhase:
         return "ring" if self.offset >= self.max_size else "concat"
 
-    def prepare_decode_step(self) -> DecodePlan | None:
-        if self.keys is None or self.values is None:
+    def prepare_decode_step(self, rows: int = 1) -> DecodePlan | None:
+        if self.keys is None or self.values is None or rows != 1:
             return None
         self._prepare_in_place(self.keys, self.values)
         assert self.keys is not None

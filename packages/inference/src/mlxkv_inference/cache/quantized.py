@@ -101,8 +101,8 @@ class QuantizedKVCache:
     def decode_phase(self) -> DecodePhase:
         return "concat"
 
-    def prepare_decode_step(self) -> DecodePlan | None:
-        if self.keys is None or self.values is None:
+    def prepare_decode_step(self, rows: int = 1) -> DecodePlan | None:
+        if self.keys is None or self.values is None or rows != 1:
             return None
         self._reserve_like_buffers(1)
         assert self.keys is not None

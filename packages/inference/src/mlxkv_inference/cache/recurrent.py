@@ -81,8 +81,8 @@ class RecurrentCache:
     def decode_phase(self) -> DecodePhase:
         return "ring"
 
-    def prepare_decode_step(self) -> DecodePlan | None:
-        if any(c is None for c in self.cache):
+    def prepare_decode_step(self, rows: int = 1) -> DecodePlan | None:
+        if any(c is None for c in self.cache) or rows != 1:
             return None
         return DecodePlan("ring", 0, 0, self.offset)
 

@@ -1,7 +1,8 @@
 """Decode slots: what mlx-lm's layers see as their cache inside the compiled decode step.
 
-Shapes are fixed for a plan (a buffer of `capacity` positions); the RoPE offset and the write
-index enter as arrays, so one trace serves every step until a buffer grows or a ring wraps.
+Shapes are fixed for a plan (a buffer of `capacity` positions, `rows` new ones); the RoPE offset
+and the write index enter as arrays, so one trace serves every step until a buffer grows or a
+ring wraps.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class KvDecodeSlot:
             if window_size is not None and window_size < self._capacity():
                 raise CompiledStepUnsupported("a ring window narrower than its buffer runs uncompiled")
             return None
+        if n > 1:  # a plain cache's round: position i sees the keys up to write + i
+            return mx.arange(self._capacity())[None] <= (self._write + mx.arange(n))[:, None]
         return mx.arange(self._capacity()) <= self._write
 
     def _capacity(self) -> int:

@@ -253,9 +253,7 @@ class Generation:
         if tokens is None:
             tokens = self.step_input()
         self._alone_since = time.perf_counter()
-        if tokens.size == 1:
-            return self._decoder(tokens)
-        return self._binding.decode_positions(tokens, self.caches)
+        return self._decoder(tokens)
 
     def draw(self, logits: mx.array) -> list[mx.array]:
         """Build the sampling of a plain step's token from its (1, vocab) `logits`, for `accept`

@@ -173,7 +173,8 @@ class SequenceRun:
 
 
 class Decoder:
-    """One sequence's single-token decode: compiled steps while they work, else the graph."""
+    """One sequence's decode steps (a token, or a speculative round's positions): compiled
+    while they work, else the graph."""
 
     def __init__(self, binding: MlxAutoregressiveBinding, caches: list[LayerCache], compiled: bool) -> None:
         self._binding = binding
@@ -181,7 +182,8 @@ class Decoder:
         self.compiled = compiled
 
     def __call__(self, tokens: mx.array) -> mx.array:
-        if self.compiled and tokens.size == 1:
+        """(L, vocab) logits of feeding the L 1-D `tokens`."""
+        if self.compiled:
             try:
                 logits = self._binding.decode_compiled(tokens, self._caches)
             except Exception as e:  # noqa: BLE001 - any trace failure means: run this graph uncompiled
@@ -190,7 +192,9 @@ class Decoder:
             else:
                 if logits is not None:
                     return logits
-        return self._binding.decode(tokens, self._caches)
+        if tokens.size == 1:
+            return self._binding.decode(tokens, self._caches)
+        return self._binding.decode_positions(tokens, self._caches)
 
 
 def _token(y: mx.array) -> int:

@@ -74,13 +74,11 @@ def attend_rows(attn: Any, x: mx.array, sequences: Sequence[NativeSequence]) -> 
     known = all(isinstance(p, int) for p in starts)
     if known:
         firsts = mx.array(starts, dtype=mx.int32)
-    else:  # the compiled step's slot: its position is an input array, and it feeds one row
-        assert all(s.rows == 1 for s in sequences), "a compiled slot feeds one position a step"
+    else:  # the compiled step's slot: its position is an input array
         firsts = mx.concatenate([mx.array([p]) if isinstance(p, int) else p for p in starts]).astype(mx.int32)
     rope = kernel_rope(attn.rope)
     if rope is None:  # a RoPE variant the kernel does not know: MLX rotates, one position per row
-        positions = mx.array([p + j for p, s in zip(starts, sequences) for j in range(s.rows)],
-                             dtype=mx.int32) if known else firsts
+        positions = mx.concatenate([first + mx.arange(s.rows, dtype=mx.int32) for first, s in zip(firsts, sequences)])
         queries = attn.rope(queries[:, :, None, :], offset=positions)[:, :, 0, :]
         keys = attn.rope(keys[:, :, None, :], offset=positions)[:, :, 0, :]
         rope = KernelRope(None, 0, False, 1.0)
