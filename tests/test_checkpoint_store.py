@@ -43,10 +43,9 @@ def test_ssd_cold_tier_keeps_the_newest_checkpoint_of_a_key_until_removed(tmp_pa
 def test_a_draft_models_checkpoint_is_kept_beside_the_targets_under_its_own_identity(tmp_path: Path) -> None:
     from mlxkv_inference.cache.reuse import frozen_copy
     from mlxkv_inference.engine.proposers import DraftState
-    from mlxkv_inference.models.draft import layer_skip_draft
 
     binding = make_tiny_binding("llama", num_hidden_layers=3)
-    draft = layer_skip_draft(binding, 1)
+    draft = make_tiny_binding("llama", seed=5, num_hidden_layers=1)
     store = open_cold_tier(binding, tmp_path, 4 << 20, draft=draft)
     assert store.draft_ssd is not None
     assert (store.ssd.max_bytes, store.draft_ssd.max_bytes) == (3 << 20, 1 << 20)  # the cap split by layers
@@ -63,7 +62,7 @@ def test_a_draft_models_checkpoint_is_kept_beside_the_targets_under_its_own_iden
         assert have.offset == want.offset == 13
         for a, b in zip(have.state, want.state):
             assert mx.array_equal(a, b).item() if isinstance(a, mx.array) and isinstance(b, mx.array) else a == b
-    other = open_cold_tier(binding, tmp_path, 4 << 20, draft=layer_skip_draft(binding, 2)).load_checkpoint(KEY)
+    other = open_cold_tier(binding, tmp_path, 4 << 20, draft=make_tiny_binding("llama", seed=6, num_hidden_layers=1)).load_checkpoint(KEY)
     assert other is not None and other.draft is None  # another draft model's identity: the target's part only
     assert open_cold_tier(binding, tmp_path, 4 << 20).load_checkpoint(KEY) is not None  # no draft model at all
 
@@ -90,10 +89,8 @@ class CrashAfterCheckpoint(LocalEngine):
 
 
 def test_the_engine_resumes_a_drafting_generation_with_its_draft_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mlxkv_inference.models.draft import layer_skip_draft
-
     binding = make_tiny_binding("llama")
-    draft = layer_skip_draft(binding, 1)
+    draft = make_tiny_binding("llama", seed=5, num_hidden_layers=1)  # a layer-skip draft copies the target's KV instead
     fed = count_fed_tokens(draft, monkeypatch)
     prompt = (make_prompt(9, seed=3) * 7)[:60]  # repeats itself: the draft's guesses get accepted
     request = GenerateRequest(max_tokens=24, sampling=Sampling(temperature=0), prompt_tokens=tuple(prompt),

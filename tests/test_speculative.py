@@ -10,6 +10,7 @@ import mlx.core as mx
 import pytest
 
 from mlxkv_inference import Generation, GenerationParams, KvScheme, MlxAutoregressiveBinding, SamplingParams
+from mlxkv_inference.cache.reuse import covered_tokens
 from mlxkv_inference.engine.generate import GenerationResult
 from mlxkv_inference.engine.proposers import PromptLookup
 from mlxkv_inference.engine.scheduler import BatchScheduler
@@ -153,7 +154,7 @@ def test_draft_checkpoints_keep_the_draft_caches_and_resume_without_reading_the_
     from mlxkv_inference.engine.generate import CheckpointState, ResumePoint
 
     binding = _binding("plain")
-    draft = layer_skip_draft(binding, 1)
+    draft = make_tiny_binding("llama", seed=5, num_hidden_layers=1)  # a model of its own (a layer-skip draft copies the target's KV)
     fed = count_fed_tokens(draft, monkeypatch)
     prompt = repetitive_prompt(60)
     params = GenerationParams(max_tokens=40, ignore_eos=True, speculative=SpeculativeParams(
@@ -190,6 +191,29 @@ def test_rounds_on_plain_caches_run_the_compiled_step_and_keep_their_tokens(nati
         assert binding._compiled.num_traces > traces or traces > 1  # rounds of several positions were traced
     params = GenerationParams(max_tokens=40, sampling=SAMPLINGS["seeded"], ignore_eos=True, compiled_decode=False, speculative=spec)
     assert Generation(binding, prompt, params).run().token_ids == plain.token_ids  # the seeded plain run's
+
+
+@pytest.mark.parametrize("name", ["plain", "recurrent"])
+def test_a_layer_skip_draft_copies_the_targets_first_layers_instead_of_reading_the_prompt(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlxkv_inference.engine.proposers import DraftModel
+
+    binding = _binding(name)
+    draft = layer_skip_draft(binding, MODELS[name][3])
+    prompt = repetitive_prompt(60)
+    caches = binding.make_cache()
+    binding.prefill(prompt[:-1], caches)  # what the target holds when drafts are asked for
+    fed = count_fed_tokens(draft, monkeypatch)
+    copied = DraftModel(draft, target=caches).propose(prompt, 4)
+    assert fed == []  # only the pending token, by a one-token decode step
+    assert copied == DraftModel(draft).propose(prompt, 4) and fed == [len(prompt) - 1]  # the same KV as reading the prompt
+    assert covered_tokens(caches) == len(prompt) - 1  # the target's caches are left as they were
+
+    spec = SpeculativeParams(mode="draft", num_draft_tokens=4, adaptive=False)
+    fed.clear()
+    result = run(binding, prompt, SAMPLINGS["greedy"], spec, draft)
+    assert result.token_ids == run(binding, prompt, SAMPLINGS["greedy"], SpeculativeParams()).token_ids
+    assert result.draft_tokens > 0 and all(n <= DraftModel.SYNC_AFTER for n in fed)
 
 
 def test_recurrent_rounds_roll_back_through_the_recurrent_layers_alone(monkeypatch: pytest.MonkeyPatch) -> None:

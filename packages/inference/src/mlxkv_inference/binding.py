@@ -76,6 +76,7 @@ class MlxAutoregressiveBinding:
         self._replays = use_recurrent_replay(model)  # see `replays_recurrence` (probed with the positions)
         self._compiled_positions = True  # see `compiles_positions` (probed with the positions)
         self.step_costs = StepCosts()  # what a forward of L positions costs here (speculation)
+        self.prefix_of: MlxAutoregressiveBinding | None = None  # a layer-skip draft's target (models/draft.py)
 
     def log_softmax(self, logits: mx.array) -> mx.array:
         """Log-probabilities over the last axis: on the native path the native kernel (MLX's

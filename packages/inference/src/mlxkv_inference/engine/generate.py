@@ -136,7 +136,8 @@ class Generation:
             constraint=GrammarConstraint(params.grammar, binding.tokenizer, replay=replayed) if params.grammar is not None else None,
         )
         self._decoder = Decoder(binding, self.caches, params.compiled_decode)
-        proposer = _make_proposer(params.speculative, draft, resume.draft if resume is not None else None)
+        proposer = _make_proposer(params.speculative, draft, resume.draft if resume is not None else None,
+                                  self.caches if draft is not None and draft.prefix_of is binding else None)
         self._speculator = Speculator(params.speculative, proposer, binding.step_costs) if proposer is not None else None
         self._draft_model = proposer if isinstance(proposer, DraftModel) else None
         self._drafts: list[int] = []  # the open round's drafts (empty: a plain step)
@@ -395,11 +396,11 @@ class Generation:
 
 
 def _make_proposer(params: SpeculativeParams, draft: MlxAutoregressiveBinding | None,
-                   draft_state: DraftState | None) -> Proposer | None:
+                   draft_state: DraftState | None, target: list[LayerCache] | None) -> Proposer | None:
     if params.mode == "off":
         return None
     if params.mode == "prompt_lookup":
         return PromptLookup(params.ngram_min, params.ngram_max)
     if draft is None:
         raise ValueError("speculative mode 'draft' needs a draft model (serve/generate --draft-model or --draft-layers)")
-    return DraftModel(draft, draft_state)
+    return DraftModel(draft, draft_state, target)

@@ -15,7 +15,7 @@ import mlx.core as mx
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
 from mlxkv_inference.cache.contract import CacheTrimError
 from mlxkv_inference.cache.factory import LayerCache
-from mlxkv_inference.cache.reuse import common_prefix, covered_tokens, frozen_copy
+from mlxkv_inference.cache.reuse import all_trimmable, common_prefix, covered_tokens, frozen_copy
 
 
 class Proposer(Protocol):
@@ -77,18 +77,29 @@ class DraftState:
 class DraftModel:
     """Greedy drafts from a smaller model with the same tokenizer, on caches of its own that
     follow the history (kept positions are reused; what a round rejected is trimmed). `state`:
-    where a checkpoint left them (its tokens are reused where the history still starts with them)."""
+    where a checkpoint left them (its tokens are reused where the history still starts with them).
 
-    def __init__(self, binding: MlxAutoregressiveBinding, state: DraftState | None = None) -> None:
+    A layer-skip draft given its target's caches (`target`, holding all of the history but its
+    last token whenever drafts are asked for) copies their first layers instead of feeding more
+    than `SYNC_AFTER` tokens or starting over (recurrent state, a wrapped ring): the same KV,
+    computed already (the first proposal of a prompt, the catch-up after a spell of plain steps
+    and the rounds of recurrent drafts cost nothing then)."""
+
+    SYNC_AFTER = 16
+
+    def __init__(self, binding: MlxAutoregressiveBinding, state: DraftState | None = None,
+                 target: list[LayerCache] | None = None) -> None:
         self.binding = binding
         self._caches: list[LayerCache] = state.caches if state is not None else binding.make_cache()
         self._tokens: list[int] = list(state.tokens) if state is not None else []  # what the caches hold
+        self._target = target
 
     def snapshot(self, history: Sequence[int]) -> DraftState | None:
-        """A frozen copy of the caches' part that `history` starts with (None: none of it, or
-        the rest cannot be cut off: a wrapped ring, recurrent state)."""
+        """A frozen copy of the caches' part that `history` starts with (None: none of it, the
+        rest cannot be cut off (a wrapped ring, recurrent state), or the caches are copied from
+        the target's whenever needed)."""
         keep = common_prefix(self._tokens, history)
-        if keep == 0:
+        if keep == 0 or self._target is not None:
             return None
         try:
             return DraftState(tuple(self._tokens[:keep]), frozen_copy(self._caches, keep))
@@ -98,7 +109,13 @@ class DraftModel:
     def propose(self, history: Sequence[int], limit: int) -> list[int]:
         if limit < 1 or not history:
             return []
-        self._rewind(min(common_prefix(self._tokens, history), len(history) - 1))
+        keep = min(common_prefix(self._tokens, history), len(history) - 1)
+        stale = len(history) - keep > self.SYNC_AFTER or not (covered_tokens(self._caches) <= keep or all_trimmable(self._caches))
+        if stale and self._target is not None and covered_tokens(self._target) == len(history) - 1:
+            self._caches = [cache.clone() for cache in self._target[: len(self._caches)]]
+            self._tokens = list(history[:-1])
+        else:
+            self._rewind(keep)
         fresh = list(history[len(self._tokens) :])
         if len(fresh) > DEFAULT_PREFILL_CHUNK:  # a whole prompt (the first proposal, or after a reset)
             self.binding.prefill(fresh[:-1], self._caches)

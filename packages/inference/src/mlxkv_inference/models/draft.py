@@ -2,7 +2,8 @@
 
 A layer-skip draft (self-speculation, as in LayerSkip) runs the target's first `num_layers`
 decoder layers, then its final norm and head: no weights are copied, and its tokenizer is the
-target's by construction.
+target's by construction. Its KV for the tokens the target has fed is the target's first layers'
+KV, so it starts from a copy of those instead of reading the prompt again (`DraftModel`).
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ def layer_skip_draft(target: MlxAutoregressiveBinding, num_layers: int) -> MlxAu
     # The layers are the target's own modules, already on the target's kernels: bind them as they
     # are. The target's fingerprint stands for their weights and kernels in the draft's identity
     # (a checkpoint keeps the draft's KV under it).
-    return MlxAutoregressiveBinding(truncated, target.tokenizer, model_id=f"{target.model_id}#layers:{num_layers}",
-                                    config=config, kv_scheme=target.kv_scheme, weights_digest=target.config_fingerprint)
+    draft = MlxAutoregressiveBinding(truncated, target.tokenizer, model_id=f"{target.model_id}#layers:{num_layers}",
+                                     config=config, kv_scheme=target.kv_scheme, weights_digest=target.config_fingerprint)
+    draft.prefix_of = target
+    return draft
 
 
 def check_draft_tokenizer(target: MlxAutoregressiveBinding, draft: MlxAutoregressiveBinding) -> None:
