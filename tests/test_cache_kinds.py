@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 
 from mlxkv_inference import KvScheme
-from mlxkv_inference.cache.contract import CacheTrimError, CompiledDecodeCache, SpeculativeCache
+from mlxkv_inference.cache.contract import CacheTrimError, CompiledDecodeCache
 from mlxkv_inference.cache.factory import make_caches, maybe_quantize
 from mlxkv_inference.cache.kv import PlainKVCache, RotatingKVCache
 from mlxkv_inference.cache.quantized import QuantizedKVCache
@@ -37,9 +37,6 @@ def test_every_kind_implements_the_contract() -> None:
     assert all(isinstance(c, CompiledDecodeCache) for c in caches)
     signatures = [c.signature() for c in caches]
     assert all(signatures) and len(set(signatures)) == len(signatures)
-    speculative: SpeculativeCache = RecurrentCache(2)
-    assert isinstance(speculative, SpeculativeCache)
-    assert not isinstance(PlainKVCache(), SpeculativeCache)
 
 
 def test_plain_cache_grows_in_256_steps_and_trims() -> None:

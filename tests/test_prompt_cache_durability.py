@@ -4,11 +4,10 @@ answered 503 by POST /admin/cache/flush."""
 from __future__ import annotations
 
 import errno
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
 import pytest
 from starlette.testclient import TestClient
 
@@ -36,12 +35,11 @@ class ScriptedColdTier(InMemoryColdTier):
         self.outcomes = list(outcomes)
         self.calls: list[tuple[int, ...]] = []
 
-    def store(self, tokens: Sequence[int], caches: Sequence[LayerCache], ns: str,
-              attachments: Mapping[str, Mapping[str, mx.array]] | None = None) -> bool:
+    def store(self, tokens: Sequence[int], caches: Sequence[LayerCache], ns: str) -> bool:
         self.calls.append(tuple(tokens))
         if self.outcomes and not self.outcomes.pop(0):
             return False
-        return super().store(tokens, caches, ns, attachments)
+        return super().store(tokens, caches, ns)
 
 
 def one_entry_tiers(cold: InMemoryColdTier) -> TieredPromptCache:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,6 @@ class InMemoryColdTier:
 
     def __init__(self) -> None:
         self.entries: dict[tuple[str, tuple[int, ...]], list[LayerCache]] = {}
-        self.objects: dict[tuple[str, str], dict[str, mx.array]] = {}
         self.stores = 0
 
     def find(self, prompt: Sequence[int], ns: str) -> ColdHit | None:
@@ -50,13 +49,7 @@ class InMemoryColdTier:
         future.set_result(self.restore(hit))
         return future
 
-    def restore_object_async(self, key: str, ns: str) -> Future[Mapping[str, mx.array] | None]:
-        future: Future[Mapping[str, mx.array] | None] = Future()
-        future.set_result(self.objects.get((ns, key)))
-        return future
-
-    def store(self, tokens: Sequence[int], caches: Sequence[LayerCache], ns: str,
-              attachments: Mapping[str, Mapping[str, mx.array]] | None = None) -> bool:
+    def store(self, tokens: Sequence[int], caches: Sequence[LayerCache], ns: str) -> bool:
         self.entries[(ns, tuple(tokens))] = clone_trimmed(caches, len(tokens))
         self.stores += 1
         return True
@@ -139,20 +132,15 @@ def test_ssd_cold_tier_implements_the_protocol(tmp_path: Path) -> None:
     ssd = open_cold_tier(binding, tmp_path, 1 << 30)
     cold: ColdTier = ssd
     tokens = list(range(24))
-    assert cold.store(tokens, make_plain_caches(24), "", attachments={"extra": {"x": mx.arange(4)}})
+    assert cold.store(tokens, make_plain_caches(24), "")
     hit = cold.find(tokens + [1], "")
     assert hit is not None and hit.num_tokens == 24
     exact = cold.find_exact(tokens, "")
     assert exact is not None and exact.entry_tokens == 24
     restored = cold.restore(hit)
     assert restored is not None and restored.tokens == tuple(tokens)
-    assert mx.array_equal(restored.attachments["extra"]["x"], mx.arange(4)).item()
     later = cold.restore_async(cold.find(list(range(10)) + [99], "") or hit).result(timeout=30)
     assert later is not None and [c.offset for c in later.caches] == [10, 10]
-    assert ssd.ssd.store_object("encoder:image-1", {"features": mx.ones((2, 3))})
-    obj = cold.restore_object_async("encoder:image-1", "").result(timeout=30)
-    assert obj is not None and mx.array_equal(obj["features"], mx.ones((2, 3))).item()
-    assert cold.restore_object_async("encoder:missing", "").result(timeout=30) is None
     assert isinstance(ssd, SsdColdTier)
 
 

@@ -9,19 +9,17 @@ generation checkpoint; the two split the byte cap in proportion to their layer c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TypeVar
-
-import mlx.core as mx
 
 from mlxkv_inference import MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.engine.proposers import DraftState
 from mlxkv_inference.prompt_cache import ColdHit, ColdRestored, ColdTier, TieredPromptCache
 from mlxkv_ssd_cache import (
-    DEFAULT_CHECKPOINT_TTL_S, Attachments, CacheHit, KvIdentity, RestoredState, SsdCacheStore, StoreStats,
+    DEFAULT_CHECKPOINT_TTL_S, CacheHit, KvIdentity, RestoredState, SsdCacheStore, StoreStats,
 )
 from mlxkv_state.header import GenerationCheckpoint
 
@@ -51,18 +49,8 @@ class SsdColdTier:
     def restore_async(self, hit: ColdHit) -> Future[ColdRestored | None]:
         return _mapped(self.ssd.restore_async(_cache_hit(hit)), _restored)
 
-    def restore_object_async(self, key: str, ns: str) -> Future[Mapping[str, mx.array] | None]:
-        return _mapped(self.ssd.restore_object_async(key, ns), lambda tensors: tensors)
-
-    def store(
-        self,
-        tokens: Sequence[int],
-        caches: Sequence[LayerCache],
-        ns: str,
-        attachments: Mapping[str, Mapping[str, mx.array]] | None = None,
-    ) -> bool:
-        groups = {name: (name, dict(tensors)) for name, tensors in (attachments or {}).items()}
-        return self.ssd.store(tokens, caches, ns, Attachments(groups) if groups else None)
+    def store(self, tokens: Sequence[int], caches: Sequence[LayerCache], ns: str) -> bool:
+        return self.ssd.store(tokens, caches, ns)
 
     def stats(self) -> StoreStats:
         """The two stores' counts together (the draft's holds checkpoints only)."""
@@ -140,10 +128,7 @@ def _cache_hit(hit: ColdHit) -> CacheHit:
 
 
 def _restored(state: RestoredState | None) -> ColdRestored | None:
-    if state is None:
-        return None
-    attachments = {name: tensors for name, (_, tensors) in state.attachments.groups.items()}
-    return ColdRestored(state.caches, state.tokens, attachments)
+    return None if state is None else ColdRestored(state.caches, state.tokens)
 
 
 def _mapped(inner: Future[A], convert: Callable[[A], B]) -> Future[B]:

@@ -6,12 +6,10 @@ Declared here, by its consumer; the app binds the SSD store to it (apps/mlxkv/en
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
-
-import mlx.core as mx
 
 from mlxkv_inference.cache.factory import LayerCache
 
@@ -28,11 +26,10 @@ class ColdHit:
 
 @dataclass(frozen=True, slots=True)
 class ColdRestored:
-    """Caches covering `tokens`, and any companion tensors stored with them."""
+    """Caches covering `tokens`."""
 
     caches: list[LayerCache]
     tokens: tuple[int, ...]
-    attachments: Mapping[str, Mapping[str, mx.array]] = field(default_factory=dict)
 
 
 class ColdTier(Protocol):
@@ -44,14 +41,4 @@ class ColdTier(Protocol):
 
     def restore_async(self, hit: ColdHit) -> Future[ColdRestored | None]: ...
 
-    def restore_object_async(self, key: str, ns: str) -> Future[Mapping[str, mx.array] | None]:
-        """Exact tensors stored under `key` with no token prefix (e.g. an encoder's output)."""
-        ...
-
-    def store(
-        self,
-        tokens: Sequence[int],
-        caches: Sequence[LayerCache],
-        ns: str,
-        attachments: Mapping[str, Mapping[str, mx.array]] | None = None,
-    ) -> bool: ...
+    def store(self, tokens: Sequence[int], caches: Sequence[LayerCache], ns: str) -> bool: ...
