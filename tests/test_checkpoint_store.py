@@ -4,7 +4,9 @@ draft model's caches kept beside the target's and resumed from."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import pytest
@@ -48,7 +50,9 @@ def test_a_draft_models_checkpoint_is_kept_beside_the_targets_under_its_own_iden
     draft = make_tiny_binding("llama", seed=5, num_hidden_layers=1)
     store = open_cold_tier(binding, tmp_path, 4 << 20, draft=draft)
     assert store.draft_ssd is not None
-    assert (store.ssd.max_bytes, store.draft_ssd.max_bytes) == (3 << 20, 1 << 20)  # the cap split by layers
+    assert (store.ssd.max_bytes, store.draft_ssd.max_bytes) == (3 << 20, 1 << 20)  # the cap split by a token's KV
+    same = make_tiny_binding("llama", num_hidden_layers=3)  # the target itself as --draft-model: no second store on its files
+    assert open_cold_tier(binding, tmp_path, 4 << 20, draft=same).draft_ssd is None
     prompt = make_prompt(12)
     caches, draft_caches = binding.make_cache(), draft.make_cache()
     binding.prefill(prompt + [7, 8], caches)
@@ -72,9 +76,13 @@ def test_a_draft_models_checkpoint_is_kept_beside_the_targets_under_its_own_iden
     restored = open_cold_tier(binding, tmp_path, 4 << 20, draft=draft).load_checkpoint(KEY)
     assert restored is not None and restored.draft is None and restored.tokens == (*prompt, 7, 8)
 
-    assert store.save_checkpoint(prompt + [7, 8], caches, checkpoint, DraftState((*prompt, 3), draft_caches))
-    restored = store.load_checkpoint(KEY)  # a draft state that is not a prefix of the target's tokens is not used
-    assert restored is not None and restored.draft is None
+    short = frozen_copy(draft_caches, 12)
+    two_layers = make_tiny_binding("llama", seed=5, num_hidden_layers=2).make_cache()
+    # not a prefix of the target's tokens; caches holding fewer tokens than said; another model's layers
+    for tokens, wrong in (((*prompt, 3), draft_caches), ((*prompt, 7), short), ((*prompt, 7), two_layers)):
+        assert store.save_checkpoint(prompt + [7, 8], caches, checkpoint, DraftState(tokens, wrong))
+        restored = store.load_checkpoint(KEY)
+        assert restored is not None and restored.draft is None and restored.tokens == (*prompt, 7, 8)
     store.remove_checkpoint(KEY)
     assert store.draft_ssd.stats().bytes == 0 and store.load_checkpoint(KEY) is None
 
@@ -90,28 +98,31 @@ class CrashAfterCheckpoint(LocalEngine):
 
 def test_the_engine_resumes_a_drafting_generation_with_its_draft_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     binding = make_tiny_binding("llama")
-    draft = make_tiny_binding("llama", seed=5, num_hidden_layers=1)  # a layer-skip draft copies the target's KV instead
+    draft = make_tiny_binding("llama")  # the target's weights as a model of its own (a layer-skip draft copies the target's KV)
+    draft.model_id = "tiny-llama-draft"  # its own identity, so its own store
     fed = count_fed_tokens(draft, monkeypatch)
     prompt = (make_prompt(9, seed=3) * 7)[:60]  # repeats itself: the draft's guesses get accepted
     request = GenerateRequest(max_tokens=24, sampling=Sampling(temperature=0), prompt_tokens=tuple(prompt),
                               speculative=Speculation("draft", 3))
 
-    def run(engine_class: type[LocalEngine]) -> tuple[str, Finished]:
-        engine = engine_class(binding, None, ssd=open_cold_tier(binding, tmp_path, 1 << 30, draft=draft), checkpoint_every=8,
-                              draft=draft)
+    def run(engine_class: type[LocalEngine]) -> tuple[str, Finished, Mapping[str, Any]]:
+        cold = open_cold_tier(binding, tmp_path, 1 << 30, draft=draft)
+        assert cold.draft_ssd is not None
+        engine = engine_class(binding, None, ssd=cold, checkpoint_every=8, draft=draft)
         try:
-            return asyncio.run(collect(engine, request))
+            text, finished = asyncio.run(collect(engine, request))
+            return text, finished, engine.generation_state(finished.generation_id) or {}
         finally:
             engine.close(30)
 
-    expected, finished = run(LocalEngine)
+    expected, finished, _ = run(LocalEngine)
     assert finished.finish_reason == "length"
-    _, crashed = run(CrashAfterCheckpoint)
+    _, crashed, _ = run(CrashAfterCheckpoint)
     assert crashed.finish_reason == "cancelled"
     fed.clear()
-    resumed, finished = run(LocalEngine)
-    assert resumed == expected and finished.finish_reason == "length"
-    assert fed and max(fed) < len(prompt)  # the draft went on from its checkpointed caches
+    resumed, finished, state = run(LocalEngine)
+    assert resumed == expected and finished.finish_reason == "length" and state["resumed_tokens"] == 8
+    assert fed and max(fed) < len(prompt)  # the draft went on from its checkpointed caches (re-reading: 67 tokens)
 
 
 async def collect(engine: LocalEngine, request: GenerateRequest) -> tuple[str, Finished]:

@@ -154,7 +154,9 @@ def test_draft_checkpoints_keep_the_draft_caches_and_resume_without_reading_the_
     from mlxkv_inference.engine.generate import CheckpointState, ResumePoint
 
     binding = _binding("plain")
-    draft = make_tiny_binding("llama", seed=5, num_hidden_layers=1)  # a model of its own (a layer-skip draft copies the target's KV)
+    # The target's weights as a model of its own (a layer-skip draft copies the target's KV): its
+    # greedy drafts are the target's tokens, so caches restored wrong would show in the acceptance.
+    draft = make_tiny_binding("llama")
     fed = count_fed_tokens(draft, monkeypatch)
     prompt = repetitive_prompt(60)
     params = GenerationParams(max_tokens=40, ignore_eos=True, speculative=SpeculativeParams(
@@ -168,6 +170,7 @@ def test_draft_checkpoints_keep_the_draft_caches_and_resume_without_reading_the_
         # a prefix of what the target's caches hold, at most the pending token and a round behind them
         assert state.draft.tokens == history[: len(state.draft.tokens)] and len(state.draft.tokens) >= len(history) - 4
         assert [c.offset for c in state.draft.caches] == [len(state.draft.tokens)] * len(state.draft.caches)
+        counts = []
         for draft_state, reread in ((state.draft, False), (None, True)):
             fed.clear()
             caches = frozen_copy(state.caches, len(history))
@@ -175,22 +178,53 @@ def test_draft_checkpoints_keep_the_draft_caches_and_resume_without_reading_the_
                                  resume=ResumePoint(state.generated, state.pending, draft_state)).run()
             assert resumed.token_ids == full.token_ids
             assert (max(fed) >= len(history) - 1) == reread  # without the state the draft reads the history first
+            counts.append((resumed.draft_tokens, resumed.accepted_tokens))
+        assert counts[0] == counts[1] and counts[0][1] > 0  # the restored caches draft what re-reading drafts
 
 
 @pytest.mark.parametrize("native", [False, True], ids=["mlx", "native"])
-def test_rounds_on_plain_caches_run_the_compiled_step_and_keep_their_tokens(native: bool) -> None:
+def test_rounds_on_plain_caches_run_the_compiled_step_and_keep_their_tokens(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     binding = make_tiny_binding("llama", seed=4, native=native)
     assert binding.compiles_positions
+    uncompiled: list[int] = []  # rounds run through the ordinary graph (the compiled step's fallback)
+    graph = binding.decode_positions
+
+    def counted(tokens: mx.array, caches: list[Any]) -> mx.array:
+        uncompiled.append(tokens.size)
+        return graph(tokens, caches)
+
+    monkeypatch.setattr(binding, "decode_positions", counted)
     prompt = repetitive_prompt(30)
     spec = SpeculativeParams(mode="prompt_lookup", num_draft_tokens=4, adaptive=False)
     for sampling in SAMPLINGS.values():
         plain = run(binding, prompt, sampling, SpeculativeParams())
-        traces = binding._compiled.num_traces
         fast = run(binding, prompt, sampling, spec)
-        assert fast.token_ids == plain.token_ids and fast.draft_tokens > 0
-        assert binding._compiled.num_traces > traces or traces > 1  # rounds of several positions were traced
+        assert fast.token_ids == plain.token_ids and fast.draft_tokens > 0 and uncompiled == []
     params = GenerationParams(max_tokens=40, sampling=SAMPLINGS["seeded"], ignore_eos=True, compiled_decode=False, speculative=spec)
     assert Generation(binding, prompt, params).run().token_ids == plain.token_ids  # the seeded plain run's
+    assert uncompiled  # ... through the ordinary graph
+
+
+def test_a_compiled_round_that_fails_leaves_single_steps_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    binding = make_tiny_binding("llama", seed=4)
+    compiled, graph = binding.decode_compiled, binding.decode
+    single_graph_steps: list[int] = []
+
+    def flaky(tokens: mx.array, caches: list[Any]) -> mx.array | None:
+        if tokens.size > 1:
+            raise RuntimeError("this trace fails")
+        return compiled(tokens, caches)
+
+    def counted(tokens: mx.array, caches: list[Any]) -> mx.array:
+        single_graph_steps.append(tokens.size)
+        return graph(tokens, caches)
+
+    monkeypatch.setattr(binding, "decode_compiled", flaky)
+    monkeypatch.setattr(binding, "decode", counted)
+    prompt = repetitive_prompt(30)
+    fast = run(binding, prompt, SAMPLINGS["greedy"], SpeculativeParams(mode="prompt_lookup", num_draft_tokens=4, adaptive=False))
+    assert fast.token_ids == run(binding, prompt, SAMPLINGS["greedy"], SpeculativeParams()).token_ids and fast.draft_tokens > 0
+    assert single_graph_steps == []  # rounds fell back to the graph; single steps stayed compiled
 
 
 @pytest.mark.parametrize("name", ["plain", "recurrent"])

@@ -74,7 +74,7 @@ class MlxAutoregressiveBinding:
         self._invariant_rows = 1  # batch sizes probed row-invariant so far (-1: a kernel is not)
         self._positions_exact: bool | None = None  # see `verifies_positions`
         self._replays = use_recurrent_replay(model)  # see `replays_recurrence` (probed with the positions)
-        self._compiled_positions = True  # see `compiles_positions` (probed with the positions)
+        self._compiled_positions: bool | None = None  # see `compiles_positions` (probed on first use)
         self.step_costs = StepCosts()  # what a forward of L positions costs here (speculation)
         self.prefix_of: MlxAutoregressiveBinding | None = None  # a layer-skip draft's target (models/draft.py)
 
@@ -176,22 +176,23 @@ class MlxAutoregressiveBinding:
             if not self._positions_exact:
                 log.warning("a multi-token forward of this model differs from single steps: speculation stays off, "
                             "prompts prefill in whole chunks")
-            else:
-                if self._replays and not self._probe_replay():
-                    log.warning("replaying kept positions through the recurrent layers alone differs from feeding them "
-                                "through the model: rolled-back rounds feed the model again")
-                    self._replays = False
-                if not self._probe_compiled_positions():
-                    log.warning("the compiled step over several positions differs from single compiled steps: "
-                                "speculative rounds run uncompiled")
-                    self._compiled_positions = False
+            elif self._replays and not self._probe_replay():
+                log.warning("replaying kept positions through the recurrent layers alone differs from feeding them "
+                            "through the model: rolled-back rounds feed the model again")
+                self._replays = False
         return self._positions_exact
 
     @property
     def compiles_positions(self) -> bool:
         """Whether a round's positions may run through the compiled step (plain caches only),
-        probed bitwise against single compiled steps."""
-        return self.verifies_positions() and self._compiled_positions
+        probed bitwise against single compiled steps on first use (`--no-compiled-decode` never
+        traces it)."""
+        if self._compiled_positions is None:
+            self._compiled_positions = self.verifies_positions() and self._probe_compiled_positions()
+            if not self._compiled_positions and self._positions_exact:
+                log.warning("the compiled step over several positions differs from single compiled steps: "
+                            "speculative rounds run uncompiled")
+        return self._compiled_positions
 
     @property
     def replays_recurrence(self) -> bool:

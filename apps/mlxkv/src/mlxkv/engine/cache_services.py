@@ -4,13 +4,15 @@ engine's `CheckpointStore` Protocol.
 The store is identity-bound: it is opened for one model binding (model id, tokenizer hash,
 config fingerprint), so KV is never reused across identities. A server with a draft model opens
 a second store in the same directory under the draft's identity, for the draft's part of each
-generation checkpoint; the two split the byte cap in proportion to their layer counts.
+generation checkpoint; the two split the byte cap in proportion to what a token's KV costs each
+(both hold the same generations' tokens).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+import logging
 from pathlib import Path
 from typing import TypeVar
 
@@ -25,6 +27,8 @@ from mlxkv_state.header import GenerationCheckpoint
 
 from mlxkv.engine.checkpoints import RestoredCheckpoint
 
+log = logging.getLogger(__name__)
+
 A = TypeVar("A")
 B = TypeVar("B")
 
@@ -33,9 +37,11 @@ class SsdColdTier:
     """`ColdTier` and `CheckpointStore` over an `SsdCacheStore` (and `draft_store`, the draft
     model's, for the draft's caches of each checkpoint)."""
 
-    def __init__(self, store: SsdCacheStore, draft_store: SsdCacheStore | None = None) -> None:
+    def __init__(self, store: SsdCacheStore, draft_store: SsdCacheStore | None = None,
+                 draft_signatures: Sequence[str] = ()) -> None:
         self.ssd = store
         self.draft_ssd = draft_store
+        self._draft_signatures = list(draft_signatures)  # the draft model's cache kinds, layer by layer
 
     def find(self, prompt: Sequence[int], ns: str) -> ColdHit | None:
         return _cold_hit(self.ssd.find(prompt, ns))
@@ -83,10 +89,20 @@ class SsdColdTier:
             self.draft_ssd.remove_checkpoint(key)
 
     def _load_draft(self, key: str, tokens: Sequence[int]) -> DraftState | None:
-        """The draft's checkpoint of `key` if it holds a prefix of `tokens` (else the draft reads
-        the history again, as it would without one)."""
-        state = self.draft_ssd.load_checkpoint(key) if self.draft_ssd is not None else None
+        """The draft's checkpoint of `key` if it holds a prefix of `tokens` in caches of the
+        draft's kinds that cover exactly its tokens; else None, and the draft reads the history
+        again, as it would without one."""
+        if self.draft_ssd is None:
+            return None
+        try:
+            state = self.draft_ssd.load_checkpoint(key)
+        except Exception:  # noqa: BLE001 - the draft's part is an optimisation: any fault is a miss
+            log.warning("the draft checkpoint of %s could not be read; the draft starts over", key[:12], exc_info=True)
+            return None
         if state is None or tuple(tokens[: len(state.tokens)]) != state.tokens:
+            return None
+        if [c.signature() for c in state.caches] != self._draft_signatures or any(c.offset != len(state.tokens) for c in state.caches):
+            log.warning("the draft checkpoint of %s does not fit the draft model; the draft starts over", key[:12])
             return None
         return DraftState(state.tokens, state.caches)
 
@@ -96,14 +112,16 @@ def open_cold_tier(
     draft: MlxAutoregressiveBinding | None = None,
 ) -> SsdColdTier:
     """The store of `binding` in `directory`, and with `draft` the draft model's beside it (the
-    cap `max_bytes` split between them by layer count)."""
+    cap `max_bytes` split between them by what a token's KV costs each)."""
     draft_bytes = 0
     if draft is not None:
-        draft_layers = len(draft.make_cache())
-        draft_bytes = max_bytes * draft_layers // (len(binding.make_cache()) + draft_layers)
+        target_cost, draft_cost = _token_bytes(binding), _token_bytes(draft)
+        draft_bytes = max_bytes * draft_cost // max(target_cost + draft_cost, 1)
     store = SsdCacheStore(directory, _identity(binding), max_bytes - draft_bytes, checkpoint_ttl_s=checkpoint_ttl_s)
-    draft_store = SsdCacheStore(directory, _identity(draft), draft_bytes, checkpoint_ttl_s=checkpoint_ttl_s) if draft else None
-    return SsdColdTier(store, draft_store)
+    if draft is None or draft_bytes < 1 or _identity(draft) == _identity(binding):  # the same model: one store, not two on one file
+        return SsdColdTier(store)
+    draft_store = SsdCacheStore(directory, _identity(draft), draft_bytes, checkpoint_ttl_s=checkpoint_ttl_s)
+    return SsdColdTier(store, draft_store, [c.signature() for c in draft.make_cache()])
 
 
 def build_tiers(
@@ -113,6 +131,14 @@ def build_tiers(
     cold = open_cold_tier(binding, ssd_dir, ssd_bytes, checkpoint_ttl_s, draft) if ssd_dir is not None else None
     tier: ColdTier | None = cold
     return TieredPromptCache(ram_bytes, tier), cold
+
+
+def _token_bytes(binding: MlxAutoregressiveBinding) -> int:
+    """Bytes one token's KV takes in `binding`'s caches (a recurrent layer counts its whole state):
+    measured on scratch caches fed one token."""
+    caches = binding.make_cache()
+    binding.feed([0], caches)
+    return sum(c.bytes_per_token() or c.nbytes for c in caches)
 
 
 def _identity(binding: MlxAutoregressiveBinding) -> KvIdentity:

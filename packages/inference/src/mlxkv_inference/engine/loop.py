@@ -174,25 +174,31 @@ class SequenceRun:
 
 class Decoder:
     """One sequence's decode steps (a token, or a speculative round's positions): compiled
-    while they work, else the graph."""
+    while they work, else the graph (single steps and rounds fall back separately)."""
 
     def __init__(self, binding: MlxAutoregressiveBinding, caches: list[LayerCache], compiled: bool) -> None:
         self._binding = binding
         self._caches = caches
         self.compiled = compiled
+        self.compiled_rounds = compiled
 
     def __call__(self, tokens: mx.array) -> mx.array:
         """(L, vocab) logits of feeding the L 1-D `tokens`."""
-        if self.compiled:
+        single = tokens.size == 1
+        if self.compiled if single else self.compiled_rounds:
             try:
                 logits = self._binding.decode_compiled(tokens, self._caches)
             except Exception as e:  # noqa: BLE001 - any trace failure means: run this graph uncompiled
-                log.warning("compiled decode disabled for this generation: %s: %s", type(e).__name__, e)
-                self.compiled = False
+                log.warning("compiled %s disabled for this generation: %s: %s", "decode" if single else "rounds",
+                            type(e).__name__, e)
+                if single:
+                    self.compiled = False
+                else:
+                    self.compiled_rounds = False
             else:
                 if logits is not None:
                     return logits
-        if tokens.size == 1:
+        if single:
             return self._binding.decode(tokens, self._caches)
         return self._binding.decode_positions(tokens, self._caches)
 

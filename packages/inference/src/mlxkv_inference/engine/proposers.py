@@ -6,6 +6,7 @@ Drafts only decide how many tokens a round can accept, never which tokens are pr
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -16,6 +17,8 @@ from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBind
 from mlxkv_inference.cache.contract import CacheTrimError
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.reuse import all_trimmable, common_prefix, covered_tokens, frozen_copy
+
+log = logging.getLogger(__name__)
 
 
 class Proposer(Protocol):
@@ -109,6 +112,14 @@ class DraftModel:
     def propose(self, history: Sequence[int], limit: int) -> list[int]:
         if limit < 1 or not history:
             return []
+        try:
+            return self._propose(history, limit)
+        except Exception:  # noqa: BLE001 - drafts only speed a generation up: a failing draft model must not fail it
+            log.warning("the draft model failed; it starts over from the history", exc_info=True)
+            self._caches, self._tokens = self.binding.make_cache(), []
+            return []
+
+    def _propose(self, history: Sequence[int], limit: int) -> list[int]:
         keep = min(common_prefix(self._tokens, history), len(history) - 1)
         stale = len(history) - keep > self.SYNC_AFTER or not (covered_tokens(self._caches) <= keep or all_trimmable(self._caches))
         if stale and self._target is not None and covered_tokens(self._target) == len(history) - 1:
