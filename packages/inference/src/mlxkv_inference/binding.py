@@ -17,6 +17,7 @@ import mlx.nn as nn
 from mlxkv_inference import _mlx_lm
 from mlxkv_inference.cache.compiled import CompiledDecoder
 from mlxkv_inference.cache.factory import LayerCache, make_caches, maybe_quantize
+from mlxkv_inference.cache.kv import PlainKVCache
 from mlxkv_inference.cache.recurrent import RecurrentCache
 from mlxkv_inference.kv_scheme import KvScheme
 from mlxkv_inference.models import batched
@@ -188,11 +189,26 @@ class MlxAutoregressiveBinding:
         probed bitwise against single compiled steps on first use (`--no-compiled-decode` never
         traces it)."""
         if self._compiled_positions is None:
-            self._compiled_positions = self.verifies_positions() and self._probe_compiled_positions()
-            if not self._compiled_positions and self._positions_exact:
-                log.warning("the compiled step over several positions differs from single compiled steps: "
-                            "speculative rounds run uncompiled")
+            self._compiled_positions = self._settle_compiled_rounds()
         return self._compiled_positions
+
+    def warm_up(self, compiled: bool) -> None:
+        """Run now the probes (and step timings) the first requests would otherwise wait for:
+        the multi-position probe, and with `compiled` the compiled rounds' one."""
+        if self.verifies_positions() and compiled and self._compiled_positions is None:
+            self._compiled_positions = self._settle_compiled_rounds()
+
+    def _settle_compiled_rounds(self) -> bool:
+        """Probe the compiled rounds; where they run (plain caches), time the step sizes through
+        them, as the rounds will run."""
+        exact = self.verifies_positions() and self._probe_compiled_positions()
+        if exact and all(isinstance(c, PlainKVCache) for c in self.make_cache()):
+            scratch = CompiledDecoder(self.model)
+            self._calibrate_step_costs(lambda tokens, caches: scratch.step(tokens, caches))
+        elif not exact and self._positions_exact:
+            log.warning("the compiled step over several positions differs from single compiled steps: "
+                        "speculative rounds run uncompiled")
+        return exact
 
     @property
     def replays_recurrence(self) -> bool:
@@ -200,9 +216,11 @@ class MlxAutoregressiveBinding:
         `models/recurrent_replay.py`), probed bitwise against feeding them through the model."""
         return self.verifies_positions() and self._replays
 
-    def _calibrate_step_costs(self) -> None:
-        """Seed `step_costs` with forwards of a few sizes, so the first speculative rounds are
-        sized from this machine rather than a guess (decode steps refine them as they run)."""
+    def _calibrate_step_costs(self, forward: Callable[[mx.array, list[LayerCache]], mx.array | None] | None = None) -> None:
+        """Seed `step_costs` with forwards of a few sizes (through `forward`, default the graph),
+        so the first speculative rounds are sized from this machine rather than a guess (decode
+        steps refine them as they run)."""
+        run = forward or (lambda tokens, caches: self._forward(tokens[None], caches))
         caches = self.make_cache()
         self._forward(mx.arange(CALIBRATION_CONTEXT)[None], caches)
         mx.eval([c.state for c in caches])
@@ -214,9 +232,12 @@ class MlxAutoregressiveBinding:
                 trial = [c.clone() for c in caches]  # recurrent state cannot be trimmed back
                 mx.eval([c.state for c in trial])
                 started = time.perf_counter()
-                mx.eval(self._forward(mx.arange(rows)[None], trial))
-                best = min(best, time.perf_counter() - started)
-            self.step_costs.record(rows, best)
+                logits = run(mx.arange(rows), trial)
+                if logits is None:
+                    return
+                mx.eval(logits)
+                best = min(best, time.perf_counter() - started)  # the first of a compiled size also traces
+            self.step_costs.replace(rows, best)
 
     def _probe_positions(self) -> bool:
         caches = self.make_cache()

@@ -144,7 +144,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 def build_engine(args: argparse.Namespace, binding: MlxAutoregressiveBinding) -> LocalEngine:
     """The engine `serve` runs, with the command line's cache, checkpoint, queue and generation settings."""
-    binding.verifies_positions()  # the probe the scheduler and speculation use, before the first request
+    binding.warm_up(compiled=args.compiled_decode)  # the probes the scheduler and speculation use, before the first request
     draft = prepare_speculation(args, binding)
     # A draft model's caches are checkpointed beside the target's; a layer-skip draft copies the target's instead.
     checkpointed_draft = draft if args.generation_checkpoint and draft is not None and draft.prefix_of is None else None

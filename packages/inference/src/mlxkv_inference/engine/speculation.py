@@ -130,6 +130,11 @@ class StepCosts:
             previous = self._seconds.get(rows)
             self._seconds[rows] = seconds if previous is None else 0.8 * previous + 0.2 * seconds
 
+    def replace(self, rows: int, seconds: float) -> None:
+        """Forget what `rows` measured before (a calibration of another kind of forward)."""
+        with self._lock:
+            self._seconds[rows] = seconds
+
     def seconds(self, rows: int) -> float | None:
         """Measured seconds for `rows`, else interpolated (or extrapolated) from the nearest
         measured row counts, never below what fewer rows measured (more rows never cost less;
