@@ -20,6 +20,16 @@ void check(bool ok, const std::string& message, const char* op = "quantized_matm
   if (!ok) throw std::invalid_argument(std::string(op) + ": " + message);
 }
 
+// Allocates a primitive's one output and registers it and the inputs with the stream's CPU
+// encoder, which it returns to dispatch the kernel on.
+mx::cpu::CommandEncoder& encode_one_output(mx::Stream stream, const std::vector<mx::array>& inputs, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream);
+  for (const auto& in : inputs) encoder.set_input_array(in);
+  encoder.set_output_array(out);
+  return encoder;
+}
+
 // dst = the elements of a strided array, in row-major order.
 void gather(const float* src, const mx::Shape& shape, const mx::Strides& strides, float* dst) {
   const int nd = int(shape.size());
@@ -130,11 +140,7 @@ void NativeQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::
   const mx::array& scales = inputs[2];
   const mx::array& biases = inputs[3];
   mx::array& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& in : inputs) encoder.set_input_array(in);
-  encoder.set_output_array(out);
+  auto& encoder = encode_one_output(stream(), inputs, out);
 
   QmmArgs args{};
   args.x = x.data<float>();
@@ -333,10 +339,7 @@ mx::array swiglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice 
 
 void NativeSwiglu::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   mx::array& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& in : inputs) encoder.set_input_array(in);
-  encoder.set_output_array(out);
+  auto& encoder = encode_one_output(stream(), inputs, out);
   encoder.dispatch([g = Floats::of(inputs[0]), u = Floats::of(inputs[1]), y = out.data<float>()]() {
     thread_local std::vector<float> scratch;
     const int64_t n = g.size;
@@ -366,10 +369,7 @@ mx::array log_softmax(const mx::array& x, mx::StreamOrDevice s) {
 void NativeLogSoftmax::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   const mx::array& x = inputs[0];
   mx::array& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  encoder.set_input_array(x);
-  encoder.set_output_array(out);
+  auto& encoder = encode_one_output(stream(), inputs, out);
   const int64_t n = x.shape().back(), rows = int64_t(x.size()) / n;
   encoder.dispatch([x = Floats::of(x), y = out.data<float>(), rows, n]() {
     thread_local std::vector<float> scratch;
@@ -406,10 +406,7 @@ mx::array sample(const mx::array& x, const mx::array& words, float inv_temperatu
 void NativeSample::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   const mx::array& x = inputs[0];
   mx::array& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& in : inputs) encoder.set_input_array(in);
-  encoder.set_output_array(out);
+  auto& encoder = encode_one_output(stream(), inputs, out);
   const int64_t n = x.shape().back(), rows = int64_t(x.size()) / n;
   encoder.dispatch([x = Floats::of(x), words = inputs[1].data<uint64_t>(), y = out.data<uint32_t>(), rows, n,
                     args = args_]() {
