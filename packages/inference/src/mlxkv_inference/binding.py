@@ -239,28 +239,29 @@ class MlxAutoregressiveBinding:
                 best = min(best, time.perf_counter() - started)  # the first of a compiled size also traces
             self.step_costs.replace(rows, best)
 
-    def _probe_positions(self) -> bool:
+    def _probe_round(self, seed: int) -> tuple[list[LayerCache], list[int]]:
+        """Scratch caches holding 3 random tokens, and the random tokens a round may feed next
+        there (at most `PROBED_POSITIONS`, as `round_fits` allows): what the probes compare."""
         caches = self.make_cache()
-        drawn = mx.random.randint(0, self.tokenizer.vocab_size, (3 + PROBED_POSITIONS,), key=mx.random.key(7))
-        tokens = [int(t) for t in drawn]
+        tokens = [int(t) for t in mx.random.randint(0, self.tokenizer.vocab_size, (3 + PROBED_POSITIONS,), key=mx.random.key(seed))]
         self._forward(mx.array(tokens[:3])[None], caches)
-        length = round_fits(caches, PROBED_POSITIONS, self.kv_scheme)
-        if length < 2:
+        mx.eval([c.state for c in caches])
+        return caches, tokens[3 : 3 + round_fits(caches, PROBED_POSITIONS, self.kv_scheme)]
+
+    def _probe_positions(self) -> bool:
+        caches, fed = self._probe_round(7)
+        if len(fed) < 2:
             return True  # no round could verify more than one position here (round_fits limits every round)
         alone = [c.clone() for c in caches]
-        single = [self._forward(mx.array([[t]]), alone)[0, -1] for t in tokens[3 : 3 + length]]
-        together = self._forward(mx.array(tokens[3 : 3 + length])[None], caches)[0]
-        return all(bool(mx.array_equal(together[i], single[i]).item()) for i in range(length))
+        single = [self._forward(mx.array([[t]]), alone)[0, -1] for t in fed]
+        together = self._forward(mx.array(fed)[None], caches)[0]
+        return all(bool(mx.array_equal(together[i], single[i]).item()) for i in range(len(fed)))
 
     def _probe_compiled_positions(self) -> bool:
         """Feed positions through the compiled step at once and one by one on scratch caches;
         whether every position's logits are bitwise equal (true where the caches are not all
         plain: the compiled step then never takes several positions)."""
-        caches = self.make_cache()
-        tokens = [int(t) for t in mx.random.randint(0, self.tokenizer.vocab_size, (3 + PROBED_POSITIONS,), key=mx.random.key(9))]
-        self._forward(mx.array(tokens[:3])[None], caches)
-        mx.eval([c.state for c in caches])
-        fed = tokens[3 : 3 + round_fits(caches, PROBED_POSITIONS, self.kv_scheme)]
+        caches, fed = self._probe_round(9)
         alone = [c.clone() for c in caches]
         scratch = CompiledDecoder(self.model)  # its traces go with it: `--no-compiled-decode` keeps none
         try:
@@ -275,13 +276,9 @@ class MlxAutoregressiveBinding:
 
     def _probe_replay(self) -> bool:
         """Keep half of a round both ways on scratch caches; whether the states are bitwise equal."""
-        caches = self.make_cache()
-        if not any(isinstance(c, RecurrentCache) for c in caches):
+        if not any(isinstance(c, RecurrentCache) for c in self.make_cache()):
             return True
-        tokens = [int(t) for t in mx.random.randint(0, self.tokenizer.vocab_size, (3 + PROBED_POSITIONS,), key=mx.random.key(8))]
-        self._forward(mx.array(tokens[:3])[None], caches)
-        mx.eval([c.state for c in caches])
-        fed = tokens[3 : 3 + round_fits(caches, PROBED_POSITIONS, self.kv_scheme)]
+        caches, fed = self._probe_round(8)
         if len(fed) < 2:
             return True  # no round verifies more than one position here: nothing is ever rolled back
         states = []
