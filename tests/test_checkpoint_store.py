@@ -45,6 +45,7 @@ def test_ssd_cold_tier_keeps_the_newest_checkpoint_of_a_key_until_removed(tmp_pa
 def test_a_draft_models_checkpoint_is_kept_beside_the_targets_under_its_own_identity(tmp_path: Path) -> None:
     from mlxkv_inference.cache.reuse import frozen_copy
     from mlxkv_inference.engine.proposers import DraftState
+    from mlxkv_inference.models.draft import layer_skip_draft
 
     binding = make_tiny_binding("llama", num_hidden_layers=3)
     draft = make_tiny_binding("llama", seed=5, num_hidden_layers=1)
@@ -53,6 +54,7 @@ def test_a_draft_models_checkpoint_is_kept_beside_the_targets_under_its_own_iden
     assert (store.ssd.max_bytes, store.draft_ssd.max_bytes) == (3 << 20, 1 << 20)  # the cap split by a token's KV
     same = make_tiny_binding("llama", num_hidden_layers=3)  # the target itself as --draft-model: no second store on its files
     assert open_cold_tier(binding, tmp_path, 4 << 20, draft=same).draft_ssd is None
+    assert open_cold_tier(binding, tmp_path, 4 << 20, draft=layer_skip_draft(binding, 1)).draft_ssd is None  # copies the target's KV
     prompt = make_prompt(12)
     caches, draft_caches = binding.make_cache(), draft.make_cache()
     binding.prefill(prompt + [7, 8], caches)

@@ -59,7 +59,7 @@ def register(sub: Any) -> None:
     parser.add_argument("--generation-checkpoint", type=int, default=32, metavar="N",
                         help="with the SSD cache: checkpoint every generation every N tokens, so an identical request "
                         "after a crash or restart continues where it stopped (default: 32; 0 turns it off); with --draft-model the "
-                        "draft's caches are checkpointed too, in a share of --ssd-cache-max by layer count")
+                        "draft's caches are checkpointed too, in a share of --ssd-cache-max by what a token's KV costs each model")
     parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
                         help="most requests waiting behind the running generations; more get 429 with Retry-After "
                         f"(default: {DEFAULT_MAX_QUEUE})")
@@ -146,10 +146,8 @@ def build_engine(args: argparse.Namespace, binding: MlxAutoregressiveBinding) ->
     """The engine `serve` runs, with the command line's cache, checkpoint, queue and generation settings."""
     binding.warm_up(compiled=args.compiled_decode)  # the probes the scheduler and speculation use, before the first request
     draft = prepare_speculation(args, binding)
-    # A draft model's caches are checkpointed beside the target's; a layer-skip draft copies the target's instead.
-    checkpointed_draft = draft if args.generation_checkpoint and draft is not None and draft.prefix_of is None else None
     tiers, cold = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max,
-                              checkpoint_ttl_s=args.checkpoint_ttl * 3600, draft=checkpointed_draft)
+                              checkpoint_ttl_s=args.checkpoint_ttl * 3600, draft=draft if args.generation_checkpoint else None)
     return LocalEngine(binding, tiers, ssd=cold,
                        checkpoint_every=args.generation_checkpoint, base_params=base_params_from(args),
                        max_queue=args.max_queue, max_batch=args.max_batch,

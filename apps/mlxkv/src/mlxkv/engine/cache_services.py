@@ -112,13 +112,17 @@ def open_cold_tier(
     draft: MlxAutoregressiveBinding | None = None,
 ) -> SsdColdTier:
     """The store of `binding` in `directory`, and with `draft` the draft model's beside it (the
-    cap `max_bytes` split between them by what a token's KV costs each)."""
+    cap `max_bytes` split between them by what a token's KV costs each). None for a layer-skip
+    draft (it copies the target's KV) or one with the target's identity (two stores would write
+    the same checkpoint file)."""
+    if draft is not None and (draft.prefix_of is not None or _identity(draft) == _identity(binding)):
+        draft = None
     draft_bytes = 0
     if draft is not None:
         target_cost, draft_cost = _token_bytes(binding), _token_bytes(draft)
         draft_bytes = max_bytes * draft_cost // max(target_cost + draft_cost, 1)
     store = SsdCacheStore(directory, _identity(binding), max_bytes - draft_bytes, checkpoint_ttl_s=checkpoint_ttl_s)
-    if draft is None or draft_bytes < 1 or _identity(draft) == _identity(binding):  # the same model: one store, not two on one file
+    if draft is None or draft_bytes < 1:
         return SsdColdTier(store)
     draft_store = SsdCacheStore(directory, _identity(draft), draft_bytes, checkpoint_ttl_s=checkpoint_ttl_s)
     return SsdColdTier(store, draft_store, [c.signature() for c in draft.make_cache()])
