@@ -20,6 +20,7 @@ vs in-process, on the same greedy prompts; then 4 concurrent streaming clients.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
@@ -53,15 +54,11 @@ def http_run(url: str, prompt: str, max_tokens: int, fields: dict[str, Any] | No
     return ttft, (tokens - 1) / decode_s if decode_s > 0 else 0.0, tokens
 
 
-_CLIENT: list[httpx.Client] = []
-
-
+@functools.cache
 def shared_client() -> httpx.Client:
     """One keep-alive client for every request, as an SDK client is: a fresh httpx client costs
     ~15-45 ms here (its SSL context, even for http), which would count in every TTFT."""
-    if not _CLIENT:
-        _CLIENT.append(httpx.Client(limits=httpx.Limits(max_connections=64, max_keepalive_connections=64)))
-    return _CLIENT[0]
+    return httpx.Client(limits=httpx.Limits(max_connections=64, max_keepalive_connections=64))
 
 
 def timed_stream(url: str, path: str, body: dict[str, Any]) -> tuple[float, float, int]:
