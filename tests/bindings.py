@@ -11,6 +11,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlxkv_inference import MlxAutoregressiveBinding
+from mlxkv_inference.binding import Fed, Interrupt
 from mlxkv_inference.cache.factory import LayerCache
 
 GATE_WAIT_S = 60.0  # a gate left closed by a failing test opens by itself
@@ -44,10 +45,10 @@ class GatedBinding(MlxAutoregressiveBinding):
         self.gate = threading.Event()
 
     def prefill(self, tokens: Sequence[int], caches: list[LayerCache], chunk_size: int = 512,
-                on_chunk: Callable[[int], None] | None = None) -> None:
+                on_chunk: Callable[[int], None] | None = None, interrupt: Interrupt | None = None) -> Fed:
         self.entered.set()
         self.gate.wait(GATE_WAIT_S)
-        super().prefill(tokens, caches, chunk_size, on_chunk)
+        return super().prefill(tokens, caches, chunk_size, on_chunk, interrupt)
 
 
 class RecordingBinding(MlxAutoregressiveBinding):
@@ -56,6 +57,6 @@ class RecordingBinding(MlxAutoregressiveBinding):
     chunks: list[int]
 
     def prefill(self, tokens: Sequence[int], caches: list[LayerCache], chunk_size: int = 512,
-                on_chunk: Callable[[int], None] | None = None) -> None:
+                on_chunk: Callable[[int], None] | None = None, interrupt: Interrupt | None = None) -> Fed:
         self.chunks.append(chunk_size)
-        super().prefill(tokens, caches, chunk_size, on_chunk)
+        return super().prefill(tokens, caches, chunk_size, on_chunk, interrupt)

@@ -178,4 +178,5 @@ def test_requests_past_the_kv_budget_wait_for_room_and_answer_as_alone() -> None
         largest = engine.largest_batch
     finally:
         engine.close(30)
-    assert got == expected and largest == 2
+    assert got == expected, (got, expected)
+    assert largest == 2, largest

@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -37,6 +37,35 @@ CALIBRATION_CONTEXT = 64  # tokens in the caches the step-cost calibration runs 
 NATIVE_LOG_SOFTMAX = "log_softmax native/1"
 NATIVE_SAMPLER = "sampler native/1"  # seeded draws take other tokens than MLX's categorical: checkpoints must not mix them
 log = logging.getLogger(__name__)
+
+Interrupt = Callable[[], bool]  # asked between layers: True stops evaluating (see `evaluate_layers`)
+
+
+class Fed(NamedTuple):
+    """What a prefill fed: how many tokens, and how many of them (its last chunk) an interrupt
+    left partly unevaluated (0: none; `evaluate_layers` finishes them)."""
+
+    tokens: int
+    unevaluated: int = 0
+
+
+def evaluate_layers(caches: Sequence[LayerCache], interrupt: Interrupt | None = None) -> bool:
+    """Evaluate the caches layer by layer, asking `interrupt` after each but the last; True
+    once all are evaluated, False when it said stop.
+
+    A stopped forward is not lost or changed: the deeper caches still hold its lazy graph, which
+    this (or anything that reads them) evaluates later to the same values. It lets a scheduler
+    hand the CPU to a request that just arrived mid-way through a long prompt's chunk, instead
+    of after it. Evaluating an already evaluated cache is a no-op, so this also finishes what a
+    stopped call left."""
+    if interrupt is None:
+        mx.eval([c.state for c in caches])
+        return True
+    for index, cache in enumerate(caches):
+        mx.eval(cache.state)
+        if index < len(caches) - 1 and interrupt():
+            return False
+    return True
 
 
 class MlxAutoregressiveBinding:
@@ -125,22 +154,31 @@ class MlxAutoregressiveBinding:
         caches: list[LayerCache],
         chunk_size: int = DEFAULT_PREFILL_CHUNK,
         on_chunk: Callable[[int], None] | None = None,
-    ) -> None:
+        interrupt: Interrupt | None = None,
+    ) -> Fed:
         """Feed `tokens` into `caches` in chunks, evaluating each chunk (no logits kept);
-        `on_chunk(fed)` follows each chunk with the number of `tokens` fed so far."""
+        `on_chunk(fed)` follows each chunk with the number of `tokens` fed so far. Feeds them
+        all, unless `interrupt` (see `evaluate_layers`) stops the evaluation of a chunk: that
+        chunk, left partly unevaluated, is then the last."""
         if chunk_size < 1:
             raise ValueError(f"prefill chunk size={chunk_size} must be >= 1")
         for start in range(0, len(tokens), chunk_size):
-            self.feed(tokens[start : start + chunk_size], caches)
-            mx.clear_cache()
+            evaluated = self.feed(tokens[start : start + chunk_size], caches, interrupt)
+            fed = min(start + chunk_size, len(tokens))
+            if evaluated:
+                mx.clear_cache()
             if on_chunk is not None:
-                on_chunk(min(start + chunk_size, len(tokens)))
+                on_chunk(fed)
+            if not evaluated:
+                return Fed(fed, fed - start)
+        return Fed(len(tokens))
 
-    def feed(self, tokens: Sequence[int], caches: list[LayerCache]) -> None:
+    def feed(self, tokens: Sequence[int], caches: list[LayerCache], interrupt: Interrupt | None = None) -> bool:
         """Feed `tokens` in one forward, evaluated (no logits kept), keeping MLX's buffer cache
-        for the next step (a prompt's chunks release it: see `prefill`)."""
+        for the next step (a prompt's chunks release it: see `prefill`); False when `interrupt`
+        left the caches' deeper layers unevaluated (see `evaluate_layers`)."""
         self._forward(mx.array(list(tokens))[None], caches)
-        mx.eval([c.state for c in caches])
+        return evaluate_layers(caches, interrupt)
 
     def decode(self, tokens: mx.array, caches: list[LayerCache]) -> mx.array:
         """Feed 1-D `tokens` through the ordinary graph; (1, vocab) float32 logits of the last one."""

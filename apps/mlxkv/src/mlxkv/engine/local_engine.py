@@ -302,6 +302,13 @@ class LocalEngine:
         active: dict[int, _Active] = {}
         reading: list[tuple[_Job, Future[ColdRestored | None]]] = []
         closing = False
+
+        def arrived() -> bool:
+            """Whether the next pass of this loop would start a request (one waits and the batch
+            has room, or an SSD read is in): a step's prefill then gives way (`BatchScheduler.step`)."""
+            room = not closing and self._held is None and len(active) + len(reading) < self._scheduler.max_batch
+            return (room and not self._queue.empty()) or any(read.done() for _, read in reading)
+
         while active or reading or not closing:
             while not closing and len(active) + len(reading) < self._scheduler.max_batch:
                 try:
@@ -326,7 +333,7 @@ class LocalEngine:
             if not active:
                 wait([read for _, read in reading], READ_POLL_S, FIRST_COMPLETED)
                 continue
-            self._step(active)
+            self._step(active, arrived)
         if self._held is not None:  # waited for KV room when close() came: it ends cancelled
             self._held.handle.cancel()
             self._admit(self._held)
@@ -340,14 +347,16 @@ class LocalEngine:
         tokens = sum(len(j.prompt) + j.params.max_tokens for j in [*running, job])
         return tokens * self._kv_bytes_per_token <= self.max_batch_kv_bytes
 
-    def _step(self, active: dict[int, _Active]) -> None:
+    def _step(self, active: dict[int, _Active], arrived: Callable[[], bool]) -> None:
         for entry in active.values():
             if entry.job.handle.cancelled.is_set():
                 entry.generation.cancel()
-        for outcome in self._scheduler.step():
+        outcomes = self._scheduler.step(arrived)
+        if not self._kv_bytes_per_token:  # known once a generation's caches hold a token (the shapes, evaluated or not)
+            self._kv_bytes_per_token = max((sum(c.bytes_per_token() for c in e.generation.caches) for e in active.values()),
+                                           default=0)
+        for outcome in outcomes:
             entry = active[id(outcome.generation)]
-            if not self._kv_bytes_per_token:
-                self._kv_bytes_per_token = sum(c.bytes_per_token() for c in entry.generation.caches)
             self._push(entry, outcome.deltas, with_logprobs=True)
             if outcome.error is not None:
                 del active[id(outcome.generation)]

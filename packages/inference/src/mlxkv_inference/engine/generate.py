@@ -9,7 +9,7 @@ from typing import Literal
 
 import mlx.core as mx
 
-from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
+from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, Interrupt, MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.engine.constraint import Grammar, GrammarConstraint
 from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
@@ -207,11 +207,13 @@ class Generation:
 
     @property
     def prefilling(self) -> bool:
-        return not self.done and self._run.prefill_left > 0
+        """Whether prompt tokens are left to feed, or to evaluate (see `prefill`)."""
+        return not self.done and (self._run.prefill_left > 0 or self._run.unevaluated > 0)
 
-    def prefill(self, budget: int) -> int:
+    def prefill(self, budget: int, interrupt: Interrupt | None = None) -> int:
         """Feed up to `budget` prompt tokens (stopping at the next snapshot point, which is then
-        taken); returns how many were fed."""
+        taken); returns how many were fed, fewer where `interrupt` stopped the evaluation of a
+        chunk (see `MlxAutoregressiveBinding.prefill`: the next call evaluates it first)."""
         run = self._run
         point = next((p for p in self._points if p > run.cached), run.prefill_end)
         upto = min(point, run.cached + max(budget, 0))
@@ -219,10 +221,20 @@ class Generation:
         report = self._on_prefill_progress
         done_before = before - (run.prefill_end - self._prefill_total)
         run.prefill(upto, self._params.prefill_chunk,
-                    None if report is None else (lambda fed: report(done_before + fed, self._prefill_total)))
-        if upto in self._points and self._on_snapshot is not None:
-            self._on_snapshot(self.prompt[:upto], self.caches)
-        return upto - before
+                    None if report is None else (lambda fed: report(done_before + fed, self._prefill_total)), interrupt)
+        if run.cached in self._points and run.cached > before and self._on_snapshot is not None:
+            self._on_snapshot(self.prompt[: run.cached], self.caches)
+        return run.cached - before
+
+    @property
+    def unevaluated(self) -> int:
+        """Tokens of the last prefill chunk an interrupt left partly unevaluated (see `prefill`)."""
+        return self._run.unevaluated if not self.done else 0
+
+    def finish_chunk(self, interrupt: Interrupt | None = None) -> bool:
+        """Evaluate what an interrupt left of the last prefill chunk, unless `interrupt` stops it
+        again; whether nothing is left."""
+        return self._run.finish_chunk(interrupt)
 
     @property
     def needs_step(self) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
+from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, Interrupt, MlxAutoregressiveBinding, evaluate_layers
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.reuse import covered_tokens
 from mlxkv_inference.engine.constraint import GrammarConstraint
@@ -88,17 +88,29 @@ class SequenceRun:
         self._constraint = constraint
         self._next = mx.array([self.prompt[-1]], dtype=mx.uint32) if pending is None else None
         self._round: tuple[Round, list[int]] | None = None
+        self.unevaluated = 0  # tokens of the last prefill chunk an interrupt left partly unevaluated
 
     @property
     def prefill_left(self) -> int:
         return self.prefill_end - self.cached
 
-    def prefill(self, upto: int, chunk: int = DEFAULT_PREFILL_CHUNK, on_chunk: Callable[[int], None] | None = None) -> None:
-        """Feed prompt tokens until the caches hold the first `upto` of them."""
+    def prefill(self, upto: int, chunk: int = DEFAULT_PREFILL_CHUNK, on_chunk: Callable[[int], None] | None = None,
+                interrupt: Interrupt | None = None) -> None:
+        """Feed prompt tokens until the caches hold the first `upto` of them, or fewer where
+        `interrupt` stops it (see `MlxAutoregressiveBinding.prefill`)."""
         if not self.cached <= upto <= self.prefill_end:
             raise ValueError(f"prefill to {upto} is outside [{self.cached}, {self.prefill_end}]")
-        self.binding.prefill(self.prompt[self.cached : upto], self.caches, chunk, on_chunk)
-        self.cached = upto
+        if not self.finish_chunk(interrupt):
+            return
+        fed = self.binding.prefill(self.prompt[self.cached : upto], self.caches, chunk, on_chunk, interrupt)
+        self.cached += fed.tokens
+        self.unevaluated = fed.unevaluated
+
+    def finish_chunk(self, interrupt: Interrupt | None = None) -> bool:
+        """Evaluate what an interrupt left of the last prefill chunk; whether nothing is left."""
+        if self.unevaluated and evaluate_layers(self.caches, interrupt):
+            self.unevaluated = 0
+        return not self.unevaluated
 
     def take_pending(self) -> TokenStep | None:
         """A resumed sequence's first token (no step runs for it); None otherwise."""

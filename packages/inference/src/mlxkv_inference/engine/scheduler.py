@@ -7,6 +7,10 @@
                     a generation speculating this step brings its drafts as more rows (its own
                     draft length), and what it accepts changes no other row
 
+A request that arrives during a step stops the prefill chunk being evaluated between two layers
+(`step`'s interrupt): the newcomer's prompt goes first in the next step, and the rest of the chunk
+is evaluated in its prompt's next turn, to the same values.
+
 Where the model's forward is chunk-invariant (`verifies_positions`: L positions in one forward are
 bitwise L single steps), a chunk is cut to the budget left; otherwise a generation's chunks keep
 the boundaries it has when run alone. Its batched decode rows are bitwise its lone rows when the
@@ -23,7 +27,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
+from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, Interrupt, MlxAutoregressiveBinding
 from mlxkv_inference.engine.generate import Generation, TextDelta
 
 DEFAULT_MAX_BATCH = 8
@@ -84,14 +88,19 @@ class BatchScheduler:
         self.running.append(generation)
         return replay
 
-    def step(self) -> list[StepOutcome]:
-        """One scheduler step over the running generations (see the module docstring)."""
+    def step(self, interrupt: Interrupt | None = None) -> list[StepOutcome]:
+        """One scheduler step over the running generations (see the module docstring).
+
+        `interrupt` says whether a request waits that the caller would start once this step
+        returns: asked between the layers of a prefill chunk, True ends the step's prefill there
+        (the rest of the chunk is evaluated in the prompt's next turn; see `evaluate_layers`), so
+        the newcomer waits for a layer and this step's decode rows, not for a whole chunk."""
         self.largest_batch = max(self.largest_batch, len(self.running))
         outcomes: dict[int, StepOutcome] = {}
         for generation in self.running:
             if generation.cancelled and not generation.done:  # also mid-prefill: finish() ends it cancelled
                 outcomes[id(generation)] = StepOutcome(generation, (), True)
-        self._prefill(outcomes)
+        self._prefill(outcomes, interrupt)
         ready = [g for g in self.running if id(g) not in outcomes and not g.done and not g.prefilling]
         self._decode(ready, outcomes)
         for generation in self.running:
@@ -111,7 +120,7 @@ class BatchScheduler:
             result.append(outcome)
         return result
 
-    def _prefill(self, outcomes: dict[int, StepOutcome]) -> None:
+    def _prefill(self, outcomes: dict[int, StepOutcome], interrupt: Interrupt | None) -> None:
         """Prefill the generations with the least prompt left first (ties: the one served
         longest ago), so a short prompt arriving behind a long one gets its first token in the
         next step. Once a prompt is complete, the step runs only prompts that complete within
@@ -129,8 +138,16 @@ class BatchScheduler:
         completed, turns = False, 0
         for generation in sorted(waiting, key=lambda g: self._prefill_order(g, timed)):
             take = min(generation.prefill_chunk, budget) if splittable else generation.prefill_chunk
-            if budget <= 0 or (completed and generation.prefill_left > budget):
+            if budget <= 0 or (completed and (generation.prefill_left > budget or generation.unevaluated)):
                 break
+            if generation.unevaluated:  # an interrupt stopped its last chunk: that comes first, untimed
+                turns += 1
+                try:
+                    if not generation.finish_chunk(interrupt):
+                        break
+                except Exception as e:  # noqa: BLE001 - one failed generation must not stop the others
+                    outcomes[id(generation)] = StepOutcome(generation, (), False, e)
+                    continue
             if timed:
                 seconds, left_s = self._token_seconds_of(generation, take), deadline - time.perf_counter()
                 if seconds is not None:
@@ -149,11 +166,13 @@ class BatchScheduler:
             self._prefilled_at[id(generation)] = self._steps
             started = time.perf_counter()
             try:
-                fed = self._prefill_turn(generation, take, splittable)
+                fed = self._prefill_turn(generation, take, splittable, interrupt)
             except Exception as e:  # noqa: BLE001 - one failed generation must not stop the others
                 outcomes[id(generation)] = StepOutcome(generation, (), False, e)
                 continue
             budget -= fed
+            if interrupt is not None and interrupt():  # the turn may have stopped mid-chunk: not timed
+                break
             if fed:
                 measured = (time.perf_counter() - started) / fed
                 if id(generation) not in self._token_seconds and not generation.cached_tokens:
@@ -162,7 +181,7 @@ class BatchScheduler:
             completed = completed or not generation.prefilling
 
     def _prefill_order(self, generation: Generation, timed: bool) -> tuple[float, int, int]:
-        left = generation.prefill_left
+        left = generation.prefill_left + generation.unevaluated  # at most that many: some layers are done
         seconds = self._token_seconds_of(generation, left) if timed else None
         return (left * seconds if seconds is not None else 0.0, left, self._prefilled_at.get(id(generation), -1))
 
@@ -181,17 +200,18 @@ class BatchScheduler:
         return forward / positions if forward else None
 
     @staticmethod
-    def _prefill_turn(generation: Generation, take: int, splittable: bool) -> int:
+    def _prefill_turn(generation: Generation, take: int, splittable: bool, interrupt: Interrupt | None) -> int:
         """Feed up to `take` prompt tokens of `generation`, on through the snapshot points its
         prefill stops at (so a short prompt completes in one step, not one step a point); returns
         how many were fed. Where chunks may not be cut, every call is a whole chunk from where the
-        last one stopped: the boundaries of a lone run, whose chunks also restart at each point."""
+        last one stopped: the boundaries of a lone run, whose chunks also restart at each point.
+        An `interrupt` ends the turn (the chunk it stopped counts as fed)."""
         fed = 0
         while generation.prefilling and fed < take:
-            got = generation.prefill(take - fed if splittable else take)
-            if not got:
-                break
+            got = generation.prefill(take - fed if splittable else take, interrupt)
             fed += got
+            if not got or (interrupt is not None and interrupt()):
+                break
         return fed
 
     def _decode(self, ready: Sequence[Generation], outcomes: dict[int, StepOutcome]) -> None:

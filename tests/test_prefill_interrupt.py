@@ -1,0 +1,153 @@
+"""A prefill chunk stopped between layers for a request that just arrived: nothing of it is lost or
+changed, the newcomer gets its first token before the long prompt's chunk goes on, and every
+sequence's tokens stay those of running alone."""
+
+from __future__ import annotations
+
+import asyncio
+
+import mlx.core as mx
+import pytest
+
+from mlxkv.engine.local_engine import LocalEngine
+from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, SamplingParams
+from mlxkv_inference.binding import Fed, evaluate_layers
+from mlxkv_inference.engine.scheduler import BatchScheduler
+from mlxkv_serve import Delta, Finished, GenerateRequest, Sampling
+from tests.bindings import GatedBinding
+from tests.factories import make_prompt, make_tiny_binding
+
+
+class Asked:
+    """An interrupt that says stop from its `stop_at`-th question on (1-based; 0: never)."""
+
+    def __init__(self, stop_at: int = 0) -> None:
+        self.stop_at = stop_at
+        self.asked = 0
+
+    def __call__(self) -> bool:
+        self.asked += 1
+        return 0 < self.stop_at <= self.asked
+
+
+def states(binding: MlxAutoregressiveBinding, caches: list) -> list[mx.array]:  # type: ignore[type-arg]
+    return [a for c in caches for a in (c.keys[..., : c.offset, :], c.values[..., : c.offset, :])]
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_a_chunk_stopped_between_layers_evaluates_later_to_the_uninterrupted_caches(native: bool) -> None:
+    binding = make_tiny_binding("llama", native=native, num_hidden_layers=4)
+    prompt = make_prompt(40, seed=3)
+    reference = binding.make_cache()
+    assert binding.prefill(prompt, reference, chunk_size=16) == Fed(40, 0)
+
+    never = Asked()
+    caches = binding.make_cache()
+    assert binding.prefill(prompt, caches, chunk_size=16, interrupt=never) == Fed(40, 0)
+    assert never.asked == 3 * (len(caches) - 1)  # between the layers of each of the three chunks, not after the last
+
+    stop = Asked(stop_at=5)  # the second chunk's second question: after its layer 1 of 4
+    caches = binding.make_cache()
+    assert binding.prefill(prompt, caches, chunk_size=16, interrupt=stop) == Fed(32, 16)
+    again = Asked(stop_at=1)
+    assert not evaluate_layers(caches, again)  # still stopped: the caller may wait for the next step
+    assert evaluate_layers(caches)
+    assert binding.prefill(prompt[32:], caches, chunk_size=16) == Fed(8, 0)
+    assert all(mx.array_equal(a, b).item() for a, b in zip(states(binding, caches), states(binding, reference), strict=True))
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.9, top_p=0.9, seed=7)])
+def test_an_arrival_stops_the_long_chunk_and_takes_its_first_token_before_the_chunk_goes_on(
+        sampling: SamplingParams) -> None:
+    binding = make_tiny_binding("llama", native=True, num_hidden_layers=4)
+    params = GenerationParams(max_tokens=5, prefill_chunk=64, ignore_eos=True, sampling=sampling)
+    long_prompt, short_prompt = make_prompt(200, seed=1), make_prompt(6, seed=2)
+    long = Generation(binding, long_prompt, params)
+    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64)
+    scheduler.add(long)
+    newcomer = Asked(stop_at=2)  # arrives during the first chunk's second layer
+    assert scheduler.step(newcomer) == []
+    assert long.prefill_left == 199 - 64 and long.unevaluated == 64 and long.prefilling
+
+    short = Generation(binding, short_prompt, params)
+    scheduler.add(short)
+    outcomes = {id(o.generation): o for o in scheduler.step(Asked())}
+    assert [d.step.step for d in outcomes[id(short)].deltas if d.step is not None] == [0]  # its first token, while the long chunk waits
+    assert id(long) not in outcomes and long.unevaluated == 64
+
+    scheduler.step(Asked())
+    assert long.unevaluated == 0 and long.prefill_left < 199 - 64  # finished, then a new chunk in the same step
+    while scheduler.running:
+        scheduler.step(Asked())
+    assert long.result is not None and short.result is not None
+    assert (long.result.token_ids, short.result.token_ids) == tuple(
+        Generation(binding, prompt, params).run().token_ids for prompt in (long_prompt, short_prompt))
+
+
+def test_a_prompt_whose_last_chunk_was_stopped_finishes_it_before_its_first_decode() -> None:
+    binding = make_tiny_binding("llama", native=True, num_hidden_layers=4)
+    params = GenerationParams(max_tokens=3, prefill_chunk=64, ignore_eos=True)
+    prompt = make_prompt(30, seed=5)
+    generation = Generation(binding, prompt, params)
+    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64)
+    scheduler.add(generation)
+    assert scheduler.step(Asked(stop_at=1)) == []
+    assert generation.prefill_left == 0 and generation.unevaluated == 29 and generation.prefilling
+    assert not generation.needs_step
+    while scheduler.running:
+        scheduler.step(Asked())
+    assert generation.result is not None
+    assert generation.result.token_ids == Generation(binding, prompt, params).run().token_ids
+
+
+async def first_answers(engine: LocalEngine, binding: GatedBinding, requests: list[GenerateRequest]) -> list[tuple[int, str]]:
+    """Each request's (index, text) in the order they finished: the first one prefills (held at
+    the gate) while the second is submitted."""
+    order: list[tuple[int, str]] = []
+
+    async def run(index: int) -> None:
+        text = ""
+        async for event in engine.submit(requests[index]).events():
+            if isinstance(event, Delta):
+                text += event.text
+            elif isinstance(event, Finished):
+                order.append((index, text))
+                return
+
+    tasks = [asyncio.create_task(run(0))]
+    await asyncio.to_thread(binding.entered.wait, 30)
+    tasks.append(asyncio.create_task(run(1)))
+    await asyncio.sleep(0)  # it waits in the queue while the long prompt's chunk is held
+    binding.gate.set()
+    await asyncio.gather(*tasks)
+    return order
+
+
+def test_the_engine_stops_a_long_prompts_chunk_for_a_request_that_arrives() -> None:
+    """One chunk of 400 tokens: without the interrupt the short request would wait for all of it
+    and for the long prompt's first token (both requests want one token)."""
+    requests = [GenerateRequest(max_tokens=1, prompt_tokens=tuple(make_prompt(n, seed=n)), sampling=Sampling(temperature=0))
+                for n in (400, 5)]
+    alone = LocalEngine(make_tiny_binding("llama", native=True, num_hidden_layers=4), None, max_batch=1)
+    try:
+        expected = [asyncio.run(first_answers_alone(alone, r)) for r in requests]
+    finally:
+        alone.close(30)
+    binding = make_tiny_binding("llama", native=True, num_hidden_layers=4, binding_class=GatedBinding)
+    assert isinstance(binding, GatedBinding)
+    engine = LocalEngine(binding, None, max_batch=8)
+    try:
+        order = asyncio.run(first_answers(engine, binding, requests))
+    finally:
+        engine.close(30)
+    assert order == [(1, expected[1]), (0, expected[0])]
+
+
+async def first_answers_alone(engine: LocalEngine, request: GenerateRequest) -> str:
+    text = ""
+    async for event in engine.submit(request).events():
+        if isinstance(event, Delta):
+            text += event.text
+        elif isinstance(event, Finished):
+            return text
+    raise AssertionError("no answer")
