@@ -210,9 +210,9 @@ def count_fed_tokens(binding: MlxAutoregressiveBinding, monkeypatch: Any) -> lis
     fed: list[int] = []
     feed = binding.feed
 
-    def counted(tokens: Sequence[int], caches: list[Any]) -> None:
+    def counted(tokens: Sequence[int], caches: list[Any], interrupt: Any = None) -> bool:
         fed.append(len(tokens))
-        feed(tokens, caches)
+        return feed(tokens, caches, interrupt)
 
     monkeypatch.setattr(binding, "feed", counted)
     return fed

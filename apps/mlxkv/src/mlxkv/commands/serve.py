@@ -83,8 +83,9 @@ def register(sub: Any) -> None:
     prefill = parser.add_argument_group("prefill")
     add_prefill_option(prefill, SERVE_PREFILL_CHUNK, "; also the most prompt tokens one scheduler step prefills")
     prefill.add_argument("--prefill-step-ms", type=float, default=SERVE_PREFILL_STEP_MS, metavar="MS",
-                         help="size prompt chunks so a step's prefill takes about MS milliseconds (a request arriving "
-                         "during a long prefill waits about that long; the tokens do not change); 0 turns it off "
+                         help="size prompt chunks so a step's prefill takes about MS milliseconds, which is how long "
+                         "the running generations wait for their next token during a long prefill (a new request stops "
+                         "the chunk between two layers instead; the tokens do not change); 0 turns it off "
                          f"(default: {SERVE_PREFILL_STEP_MS:g})")
     add_speculative_options(parser, server=True)
     add_cache_options(parser)
