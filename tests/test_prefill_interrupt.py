@@ -5,13 +5,15 @@ sequence's tokens stay those of running alone."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from typing import Any
 
 import mlx.core as mx
 import pytest
 
 from mlxkv.engine.local_engine import LocalEngine
 from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, SamplingParams
-from mlxkv_inference.binding import Fed, evaluate_layers
+from mlxkv_inference.binding import Fed, Interrupt, evaluate_layers
 from mlxkv_inference.engine.scheduler import BatchScheduler
 from mlxkv_serve import Delta, Finished, GenerateRequest, Sampling
 from tests.bindings import GatedBinding
@@ -19,14 +21,17 @@ from tests.factories import make_prompt, make_tiny_binding
 
 
 class Asked:
-    """An interrupt that says stop from its `stop_at`-th question on (1-based; 0: never)."""
+    """An interrupt (or a scheduler's arrival, asked with the prompt tokens left) that says stop
+    from its `stop_at`-th question on (1-based; 0: never)."""
 
     def __init__(self, stop_at: int = 0) -> None:
         self.stop_at = stop_at
         self.asked = 0
+        self.lefts: list[int] = []
 
-    def __call__(self) -> bool:
+    def __call__(self, left: int = 0) -> bool:
         self.asked += 1
+        self.lefts.append(left)
         return 0 < self.stop_at <= self.asked
 
 
@@ -68,6 +73,7 @@ def test_an_arrival_stops_the_long_chunk_and_takes_its_first_token_before_the_ch
     newcomer = Asked(stop_at=2)  # arrives during the first chunk's second layer
     assert scheduler.step(newcomer) == []
     assert long.prefill_left == 199 - 64 and long.unevaluated == 64 and long.prefilling
+    assert set(newcomer.lefts) == {199}  # asked whether a shorter prompt than the 199 tokens left waits
 
     short = Generation(binding, short_prompt, params)
     scheduler.add(short)
@@ -151,3 +157,26 @@ async def first_answers_alone(engine: LocalEngine, request: GenerateRequest) -> 
         elif isinstance(event, Finished):
             return text
     raise AssertionError("no answer")
+
+
+@pytest.mark.parametrize(("first", "second", "stopped"), [(400, 5, True), (30, 400, False)])
+def test_only_a_newcomer_with_less_prompt_than_is_left_stops_a_chunk(first: int, second: int, stopped: bool,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    binding = make_tiny_binding("llama", native=True, num_hidden_layers=4, binding_class=GatedBinding)
+    assert isinstance(binding, GatedBinding)
+    evaluated: list[bool] = []
+    feed = binding.feed
+
+    def recorded(tokens: Sequence[int], caches: list[Any], interrupt: Interrupt | None = None) -> bool:
+        evaluated.append(feed(tokens, caches, interrupt))
+        return evaluated[-1]
+
+    monkeypatch.setattr(binding, "feed", recorded)
+    requests = [GenerateRequest(max_tokens=1, prompt_tokens=tuple(make_prompt(n, seed=n)), sampling=Sampling(temperature=0))
+                for n in (first, second)]
+    engine = LocalEngine(binding, None, max_batch=8)
+    try:
+        asyncio.run(first_answers(engine, binding, requests))
+    finally:
+        engine.close(30)
+    assert evaluated[0] is not stopped  # the first prompt's one chunk, while the second request waited

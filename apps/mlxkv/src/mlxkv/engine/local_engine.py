@@ -303,11 +303,15 @@ class LocalEngine:
         reading: list[tuple[_Job, Future[ColdRestored | None]]] = []
         closing = False
 
-        def arrived() -> bool:
-            """Whether the next pass of this loop would start a request (one waits and the batch
-            has room, or an SSD read is in): a step's prefill then gives way (`BatchScheduler.step`)."""
+        def arrived(left: int) -> bool:
+            """Whether the next pass of this loop would start a request with fewer than `left`
+            prompt tokens (the next in the queue, with room in the batch; or one whose SSD read is
+            in): a step's prefill then gives way to it (`BatchScheduler.step`)."""
             room = not closing and self._held is None and len(active) + len(reading) < self._scheduler.max_batch
-            return (room and not self._queue.empty()) or any(read.done() for _, read in reading)
+            with self._queue.mutex:
+                head = self._queue.queue[0] if room and self._queue.queue else None
+            return (head is not None and len(head.prompt) < left) or any(
+                read.done() and len(job.prompt) < left for job, read in reading)
 
         while active or reading or not closing:
             while not closing and len(active) + len(reading) < self._scheduler.max_batch:
@@ -347,7 +351,7 @@ class LocalEngine:
         tokens = sum(len(j.prompt) + j.params.max_tokens for j in [*running, job])
         return tokens * self._kv_bytes_per_token <= self.max_batch_kv_bytes
 
-    def _step(self, active: dict[int, _Active], arrived: Callable[[], bool]) -> None:
+    def _step(self, active: dict[int, _Active], arrived: Callable[[int], bool]) -> None:
         for entry in active.values():
             if entry.job.handle.cancelled.is_set():
                 entry.generation.cancel()

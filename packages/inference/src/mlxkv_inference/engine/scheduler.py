@@ -7,9 +7,9 @@
                     a generation speculating this step brings its drafts as more rows (its own
                     draft length), and what it accepts changes no other row
 
-A request that arrives during a step stops the prefill chunk being evaluated between two layers
-(`step`'s interrupt): the newcomer's prompt goes first in the next step, and the rest of the chunk
-is evaluated in its prompt's next turn, to the same values.
+A request that arrives during a step with a shorter prompt than the one prefilling has left stops
+that prompt's chunk between two layers (`step`'s `arrival`): the newcomer's prompt goes first in
+the next step, and the rest of the chunk is evaluated in its prompt's next turn, to the same values.
 
 Where the model's forward is chunk-invariant (`verifies_positions`: L positions in one forward are
 bitwise L single steps), a chunk is cut to the budget left; otherwise a generation's chunks keep
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -33,6 +33,7 @@ from mlxkv_inference.engine.generate import Generation, TextDelta
 DEFAULT_MAX_BATCH = 8
 MIN_TIMED_CHUNK = 8  # the fewest prompt tokens a time-bounded prefill step feeds
 WHOLE_STEPS = 1.5  # a prompt's rest estimated within this many step times is fed whole (see `_prefill`)
+Arrival = Callable[[int], bool]  # whether a request waits, to start after this step, with a prompt shorter than this
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,19 +89,21 @@ class BatchScheduler:
         self.running.append(generation)
         return replay
 
-    def step(self, interrupt: Interrupt | None = None) -> list[StepOutcome]:
+    def step(self, arrival: Arrival | None = None) -> list[StepOutcome]:
         """One scheduler step over the running generations (see the module docstring).
 
-        `interrupt` says whether a request waits that the caller would start once this step
-        returns: asked between the layers of a prefill chunk, True ends the step's prefill there
-        (the rest of the chunk is evaluated in the prompt's next turn; see `evaluate_layers`), so
-        the newcomer waits for a layer and this step's decode rows, not for a whole chunk."""
+        `arrival(left)` says whether a request waits, that the caller would start once this step
+        returns, with a prompt shorter than the `left` tokens the prompt prefilling has to go:
+        asked between the layers of a prefill chunk, True ends the step's prefill there (the rest
+        of the chunk is evaluated in the prompt's next turn; see `evaluate_layers`), so the
+        newcomer waits for a layer and this step's decode rows, not for a whole chunk. (A longer
+        newcomer would only queue behind it: shortest prefill first.)"""
         self.largest_batch = max(self.largest_batch, len(self.running))
         outcomes: dict[int, StepOutcome] = {}
         for generation in self.running:
             if generation.cancelled and not generation.done:  # also mid-prefill: finish() ends it cancelled
                 outcomes[id(generation)] = StepOutcome(generation, (), True)
-        self._prefill(outcomes, interrupt)
+        self._prefill(outcomes, arrival)
         ready = [g for g in self.running if id(g) not in outcomes and not g.done and not g.prefilling]
         self._decode(ready, outcomes)
         for generation in self.running:
@@ -120,7 +123,7 @@ class BatchScheduler:
             result.append(outcome)
         return result
 
-    def _prefill(self, outcomes: dict[int, StepOutcome], interrupt: Interrupt | None) -> None:
+    def _prefill(self, outcomes: dict[int, StepOutcome], arrival: Arrival | None) -> None:
         """Prefill the generations with the least prompt left first (ties: the one served
         longest ago), so a short prompt arriving behind a long one gets its first token in the
         next step. Once a prompt is complete, the step runs only prompts that complete within
@@ -140,6 +143,7 @@ class BatchScheduler:
             take = min(generation.prefill_chunk, budget) if splittable else generation.prefill_chunk
             if budget <= 0 or (completed and (generation.prefill_left > budget or generation.unevaluated)):
                 break
+            interrupt = None if arrival is None else _shorter_arrival(arrival, generation)
             if generation.unevaluated:  # an interrupt stopped its last chunk: that comes first, untimed
                 turns += 1
                 try:
@@ -257,3 +261,8 @@ class BatchScheduler:
         self.binding.step_costs.record(sum(lengths), time.perf_counter() - started)
         for generation, deltas in zip(stepping, accepted):
             outcomes[id(generation)] = StepOutcome(generation, tuple(deltas), False)
+
+
+def _shorter_arrival(arrival: Arrival, generation: Generation) -> Interrupt:
+    """Stop `generation`'s prefill for a newcomer with less prompt than it has left."""
+    return lambda: arrival(generation.prefill_left + generation.unevaluated)
