@@ -21,18 +21,27 @@ from tests.factories import make_prompt, make_tiny_binding
 
 
 class Asked:
-    """An interrupt (or a scheduler's arrival, asked with the prompt tokens left) that says stop
-    from its `stop_at`-th question on (1-based; 0: never)."""
+    """An interrupt that says stop from its `stop_at`-th question on (1-based; 0: never)."""
 
     def __init__(self, stop_at: int = 0) -> None:
         self.stop_at = stop_at
         self.asked = 0
-        self.lefts: list[int] = []
 
-    def __call__(self, left: int = 0) -> bool:
+    def __call__(self) -> bool:
         self.asked += 1
-        self.lefts.append(left)
         return 0 < self.stop_at <= self.asked
+
+
+class Newcomer:
+    """A scheduler's arrival: a request of `tokens` prompt tokens waits from the `at`-th question
+    on (1-based; 0: none ever)."""
+
+    def __init__(self, tokens: int = 0, at: int = 0) -> None:
+        self.tokens, self.at, self.asked = tokens, at, 0
+
+    def __call__(self) -> int | None:
+        self.asked += 1
+        return self.tokens if 0 < self.at <= self.asked else None
 
 
 def states(binding: MlxAutoregressiveBinding, caches: list) -> list[mx.array]:  # type: ignore[type-arg]
@@ -70,21 +79,22 @@ def test_an_arrival_stops_the_long_chunk_and_takes_its_first_token_before_the_ch
     long = Generation(binding, long_prompt, params)
     scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64)
     scheduler.add(long)
-    newcomer = Asked(stop_at=2)  # arrives during the first chunk's second layer
-    assert scheduler.step(newcomer) == []
-    assert long.prefill_left == 199 - 64 and long.unevaluated == 64 and long.prefilling
-    assert set(newcomer.lefts) == {199}  # asked whether a shorter prompt than the 199 tokens left waits
+    scheduler.step(Newcomer(199, at=1))  # as long as the long prompt's rest: it would go after it, no stop
+    assert long.unevaluated == 0 and long.prefill_left == 199 - 64
+    left = long.prefill_left
+    assert scheduler.step(Newcomer(6, at=2)) == []  # arrives during the chunk's second layer
+    assert long.prefill_left == left - 64 and long.unevaluated == 64 and long.prefilling
 
     short = Generation(binding, short_prompt, params)
     scheduler.add(short)
-    outcomes = {id(o.generation): o for o in scheduler.step(Asked())}
+    outcomes = {id(o.generation): o for o in scheduler.step(Newcomer())}
     assert [d.step.step for d in outcomes[id(short)].deltas if d.step is not None] == [0]  # its first token, while the long chunk waits
     assert id(long) not in outcomes and long.unevaluated == 64
 
-    scheduler.step(Asked())
-    assert long.unevaluated == 0 and long.prefill_left < 199 - 64  # finished, then a new chunk in the same step
+    scheduler.step(Newcomer())
+    assert long.unevaluated == 0 and long.prefill_left < left - 64  # finished, then a new chunk in the same step
     while scheduler.running:
-        scheduler.step(Asked())
+        scheduler.step(Newcomer())
     assert long.result is not None and short.result is not None
     assert (long.result.token_ids, short.result.token_ids) == tuple(
         Generation(binding, prompt, params).run().token_ids for prompt in (long_prompt, short_prompt))
@@ -97,11 +107,11 @@ def test_a_prompt_whose_last_chunk_was_stopped_finishes_it_before_its_first_deco
     generation = Generation(binding, prompt, params)
     scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64)
     scheduler.add(generation)
-    assert scheduler.step(Asked(stop_at=1)) == []
+    assert scheduler.step(Newcomer(5, at=1)) == []
     assert generation.prefill_left == 0 and generation.unevaluated == 29 and generation.prefilling
     assert not generation.needs_step
     while scheduler.running:
-        scheduler.step(Asked())
+        scheduler.step(Newcomer())
     assert generation.result is not None
     assert generation.result.token_ids == Generation(binding, prompt, params).run().token_ids
 

@@ -303,15 +303,16 @@ class LocalEngine:
         reading: list[tuple[_Job, Future[ColdRestored | None]]] = []
         closing = False
 
-        def arrived(left: int) -> bool:
-            """Whether the next pass of this loop would start a request with fewer than `left`
-            prompt tokens (the next in the queue, with room in the batch; or one whose SSD read is
-            in): a step's prefill then gives way to it (`BatchScheduler.step`)."""
+        def arrived() -> int | None:
+            """The prompt tokens of a request the next pass of this loop would start (the next in
+            the queue, with room in the batch; else the shortest whose SSD read is in), for a
+            step's prefill to give way to it (`BatchScheduler.step`); None when none would."""
             room = not closing and self._held is None and len(active) + len(reading) < self._scheduler.max_batch
             with self._queue.mutex:
                 head = self._queue.queue[0] if room and self._queue.queue else None
-            return (head is not None and len(head.prompt) < left) or any(
-                read.done() and len(job.prompt) < left for job, read in reading)
+            if head is not None:
+                return len(head.prompt)
+            return min((len(job.prompt) for job, read in reading if read.done()), default=None)
 
         while active or reading or not closing:
             while not closing and len(active) + len(reading) < self._scheduler.max_batch:
@@ -351,7 +352,7 @@ class LocalEngine:
         tokens = sum(len(j.prompt) + j.params.max_tokens for j in [*running, job])
         return tokens * self._kv_bytes_per_token <= self.max_batch_kv_bytes
 
-    def _step(self, active: dict[int, _Active], arrived: Callable[[int], bool]) -> None:
+    def _step(self, active: dict[int, _Active], arrived: Callable[[], int | None]) -> None:
         for entry in active.values():
             if entry.job.handle.cancelled.is_set():
                 entry.generation.cancel()

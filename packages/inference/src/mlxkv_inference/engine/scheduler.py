@@ -7,9 +7,10 @@
                     a generation speculating this step brings its drafts as more rows (its own
                     draft length), and what it accepts changes no other row
 
-A request that arrives during a step with a shorter prompt than the one prefilling has left stops
-that prompt's chunk between two layers (`step`'s `arrival`): the newcomer's prompt goes first in
-the next step, and the rest of the chunk is evaluated in its prompt's next turn, to the same values.
+A request that arrives during a step, with a prompt estimated to prefill sooner than the rest of
+the one prefilling, stops that prompt's chunk between two layers (`step`'s `arrival`): the
+newcomer's prompt goes first in the next step, and the rest of the chunk is evaluated in its
+prompt's next turn, to the same values.
 
 Where the model's forward is chunk-invariant (`verifies_positions`: L positions in one forward are
 bitwise L single steps), a chunk is cut to the budget left; otherwise a generation's chunks keep
@@ -33,7 +34,7 @@ from mlxkv_inference.engine.generate import Generation, TextDelta
 DEFAULT_MAX_BATCH = 8
 MIN_TIMED_CHUNK = 8  # the fewest prompt tokens a time-bounded prefill step feeds
 WHOLE_STEPS = 1.5  # a prompt's rest estimated within this many step times is fed whole (see `_prefill`)
-Arrival = Callable[[int], bool]  # whether a request waits, to start after this step, with a prompt shorter than this
+Arrival = Callable[[], int | None]  # the prompt tokens of a request waiting to start after this step (None: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,12 +93,12 @@ class BatchScheduler:
     def step(self, arrival: Arrival | None = None) -> list[StepOutcome]:
         """One scheduler step over the running generations (see the module docstring).
 
-        `arrival(left)` says whether a request waits, that the caller would start once this step
-        returns, with a prompt shorter than the `left` tokens the prompt prefilling has to go:
-        asked between the layers of a prefill chunk, True ends the step's prefill there (the rest
-        of the chunk is evaluated in the prompt's next turn; see `evaluate_layers`), so the
-        newcomer waits for a layer and this step's decode rows, not for a whole chunk. (A longer
-        newcomer would only queue behind it: shortest prefill first.)"""
+        `arrival()` gives the prompt tokens of a request the caller would start once this step
+        returns (None: none waits). Asked between the layers of a prefill chunk: where the
+        newcomer's prefill is estimated shorter than the rest of the prompt prefilling (the order
+        the next step would run them in), the step's prefill ends there (the rest of the chunk is
+        evaluated in that prompt's next turn; see `evaluate_layers`), so the newcomer waits for a
+        layer and this step's decode rows, not for a whole chunk."""
         self.largest_batch = max(self.largest_batch, len(self.running))
         outcomes: dict[int, StepOutcome] = {}
         for generation in self.running:
@@ -143,7 +144,7 @@ class BatchScheduler:
             take = min(generation.prefill_chunk, budget) if splittable else generation.prefill_chunk
             if budget <= 0 or (completed and (generation.prefill_left > budget or generation.unevaluated)):
                 break
-            interrupt = None if arrival is None else _shorter_arrival(arrival, generation)
+            interrupt = None if arrival is None else self._sooner_arrival(arrival, generation, timed)
             if generation.unevaluated:  # an interrupt stopped its last chunk: that comes first, untimed
                 turns += 1
                 try:
@@ -183,6 +184,20 @@ class BatchScheduler:
                     self._fresh_seconds = measured
                 self._token_seconds[id(generation)] = measured
             completed = completed or not generation.prefilling
+
+    def _sooner_arrival(self, arrival: Arrival, generation: Generation, timed: bool) -> Interrupt:
+        """Whether a newcomer would go before the rest of `generation`'s prefill in the next
+        step (by `_prefill_order`'s measure: estimated time where steps are timed, else tokens)."""
+
+        def interrupt() -> bool:
+            tokens = arrival()
+            if tokens is None:
+                return False
+            seconds = self._fresh_seconds if timed else None
+            newcomer = tokens * seconds if seconds is not None else 0.0
+            return (newcomer, tokens) < self._prefill_order(generation, timed)[:2]
+
+        return interrupt
 
     def _prefill_order(self, generation: Generation, timed: bool) -> tuple[float, int, int]:
         left = generation.prefill_left + generation.unevaluated  # at most that many: some layers are done
@@ -262,7 +277,3 @@ class BatchScheduler:
         for generation, deltas in zip(stepping, accepted):
             outcomes[id(generation)] = StepOutcome(generation, tuple(deltas), False)
 
-
-def _shorter_arrival(arrival: Arrival, generation: Generation) -> Interrupt:
-    """Stop `generation`'s prefill for a newcomer with less prompt than it has left."""
-    return lambda: arrival(generation.prefill_left + generation.unevaluated)
