@@ -88,6 +88,20 @@ def test_namespaces_never_share_entries_in_ram() -> None:
     assert ram.take(list(range(21)), "adapter-a") is not None
 
 
+def test_a_cache_with_no_room_anywhere_copies_nothing_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No RAM bytes and no cold tier (`--prompt-cache-bytes 0 --no-ssd-cache`): a published state is
+    dropped without the copy that would block the worker (~45 ms for 2,000 tokens here)."""
+    import mlxkv_inference.prompt_cache.tiered as tiered
+
+    def refused(*_: Any) -> None:
+        raise AssertionError("copied a state nothing keeps")
+
+    monkeypatch.setattr(tiered, "frozen_copy", refused)
+    tiers = TieredPromptCache(ram_max_bytes=0)
+    tiers.publish(list(range(16)), make_plain_caches(16), "")
+    assert tiers.stats().ram_entries == 0 and tiers.fetch(list(range(17)), "").caches is None
+
+
 def test_byte_cap_evicts_least_recently_used_and_demotes_to_the_cold_tier() -> None:
     entry = 16 * sum(c.bytes_per_token() for c in make_plain_caches(16))  # what a kept entry holds
     cold = InMemoryColdTier()

@@ -112,7 +112,7 @@ class TieredPromptCache:
 
     def publish(self, tokens: Sequence[int], caches: Sequence[LayerCache], ns: str) -> None:
         """Keep a prompt state in RAM and write it behind to the cold tier."""
-        if not tokens:
+        if not tokens or (self._cold is None and self._ram.max_bytes == 0):  # nothing would keep it: no copy
             return
         # One frozen copy serves both tiers; the generation goes on writing into its own caches.
         copies = frozen_copy(caches, len(tokens))
