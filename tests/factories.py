@@ -210,7 +210,7 @@ def count_fed_tokens(binding: MlxAutoregressiveBinding, monkeypatch: Any) -> lis
     fed: list[int] = []
     feed = binding.feed
 
-    def counted(tokens: Sequence[int], caches: list[Any], interrupt: Any = None) -> bool:
+    def counted(tokens: Sequence[int], caches: list[Any], interrupt: Any = None) -> int:
         fed.append(len(tokens))
         return feed(tokens, caches, interrupt)
 

@@ -44,7 +44,7 @@ class Newcomer:
         return self.tokens if 0 < self.at <= self.asked else None
 
 
-def states(binding: MlxAutoregressiveBinding, caches: list) -> list[mx.array]:  # type: ignore[type-arg]
+def states(caches: list) -> list[mx.array]:  # type: ignore[type-arg]
     return [a for c in caches for a in (c.keys[..., : c.offset, :], c.values[..., : c.offset, :])]
 
 
@@ -62,12 +62,12 @@ def test_a_chunk_stopped_between_layers_evaluates_later_to_the_uninterrupted_cac
 
     stop = Asked(stop_at=5)  # the second chunk's second question: after its layer 1 of 4
     caches = binding.make_cache()
-    assert binding.prefill(prompt, caches, chunk_size=16, interrupt=stop) == Fed(32, 16)
-    again = Asked(stop_at=1)
-    assert not evaluate_layers(caches, again)  # still stopped: the caller may wait for the next step
-    assert evaluate_layers(caches)
+    assert binding.prefill(prompt, caches, chunk_size=16, interrupt=stop) == Fed(32, 16, 2)
+    always = Asked(stop_at=1)
+    assert evaluate_layers(caches, always, 2) == 3  # stopped at once, yet one more layer: calls progress
+    assert evaluate_layers(caches, always, 3) == 4 == len(caches)
     assert binding.prefill(prompt[32:], caches, chunk_size=16) == Fed(8, 0)
-    assert all(mx.array_equal(a, b).item() for a, b in zip(states(binding, caches), states(binding, reference), strict=True))
+    assert all(mx.array_equal(a, b).item() for a, b in zip(states(caches), states(reference), strict=True))
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.9, top_p=0.9, seed=7)])
@@ -92,7 +92,7 @@ def test_an_arrival_stops_the_long_chunk_and_takes_its_first_token_before_the_ch
     assert id(long) not in outcomes and long.unevaluated == 64
 
     scheduler.step(Newcomer())
-    assert long.unevaluated == 0 and long.prefill_left < left - 64  # finished, then a new chunk in the same step
+    assert long.unevaluated == 0 and long.prefill_left == left - 64  # finished: the step's 64 tokens
     while scheduler.running:
         scheduler.step(Newcomer())
     assert long.result is not None and short.result is not None
@@ -177,9 +177,10 @@ def test_only_a_newcomer_with_less_prompt_than_is_left_stops_a_chunk(first: int,
     evaluated: list[bool] = []
     feed = binding.feed
 
-    def recorded(tokens: Sequence[int], caches: list[Any], interrupt: Interrupt | None = None) -> bool:
-        evaluated.append(feed(tokens, caches, interrupt))
-        return evaluated[-1]
+    def recorded(tokens: Sequence[int], caches: list[Any], interrupt: Interrupt | None = None) -> int:
+        layer = feed(tokens, caches, interrupt)
+        evaluated.append(layer == len(caches))
+        return layer
 
     monkeypatch.setattr(binding, "feed", recorded)
     requests = [GenerateRequest(max_tokens=1, prompt_tokens=tuple(make_prompt(n, seed=n)), sampling=Sampling(temperature=0))
@@ -190,3 +191,52 @@ def test_only_a_newcomer_with_less_prompt_than_is_left_stops_a_chunk(first: int,
     finally:
         engine.close(30)
     assert evaluated[0] is not stopped  # the first prompt's one chunk, while the second request waited
+
+
+def test_an_arrival_that_never_starts_cannot_stall_a_prefill() -> None:
+    """A caller that keeps answering "a 1-token request waits" without ever starting it: each
+    step still evaluates at least one more layer, so the long prompt completes."""
+    binding = make_tiny_binding("llama", native=True, num_hidden_layers=4)
+    params = GenerationParams(max_tokens=2, prefill_chunk=64, ignore_eos=True)
+    prompt = make_prompt(150, seed=9)
+    generation = Generation(binding, prompt, params)
+    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64)
+    scheduler.add(generation)
+    for _ in range(60):
+        if not scheduler.running:
+            break
+        scheduler.step(Newcomer(1, at=1))
+    assert generation.result is not None
+    assert generation.result.token_ids == Generation(binding, prompt, params).run().token_ids
+
+
+@pytest.mark.parametrize(("tokens", "stops"), [(100_000, False), (3, True)])
+def test_with_timed_steps_only_a_newcomer_estimated_sooner_stops_a_chunk(tokens: int, stops: bool) -> None:
+    """The server's timed steps: before any chunk was timed the estimates come from the step
+    costs, for the newcomer too (a newcomer estimated at 0 s stopped every chunk)."""
+    binding = make_tiny_binding("llama", native=True, num_hidden_layers=4)
+    binding.verifies_positions()  # the step costs the estimates start from
+    generation = Generation(binding, make_prompt(400, seed=8), GenerationParams(max_tokens=2, prefill_chunk=64))
+    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64, prefill_step_s=0.05)
+    scheduler.add(generation)
+    scheduler.step(Newcomer(tokens, at=1))
+    assert (generation.unevaluated > 0) is stops
+
+
+def test_a_snapshot_point_reached_by_a_stopped_chunk_is_taken_once_the_chunk_is_evaluated() -> None:
+    """Taking it at once would evaluate the rest of the chunk in the step the newcomer waits for."""
+    binding = make_tiny_binding("llama", native=True, num_hidden_layers=4)
+    params = GenerationParams(max_tokens=2, prefill_chunk=64, ignore_eos=True)
+    prompt = make_prompt(60, seed=4)
+    taken: list[tuple[int, list[mx.array]]] = []
+    generation = Generation(binding, prompt, params, snapshot_at=[40],
+                            on_snapshot=lambda tokens, caches: taken.append((len(tokens), states(caches))))
+    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64)
+    scheduler.add(generation)
+    scheduler.step(Newcomer(5, at=1))
+    assert generation.unevaluated == 40 and taken == []
+    scheduler.step(Newcomer())
+    assert [n for n, _ in taken] == [40]
+    reference = binding.make_cache()
+    binding.prefill(prompt[:40], reference)
+    assert all(mx.array_equal(a, b).item() for a, b in zip(taken[0][1], states(reference), strict=True))

@@ -42,30 +42,32 @@ Interrupt = Callable[[], bool]  # asked between layers: True stops evaluating (s
 
 
 class Fed(NamedTuple):
-    """What a prefill fed: how many tokens, and how many of them (its last chunk) an interrupt
-    left partly unevaluated (0: none; `evaluate_layers` finishes them)."""
+    """What a prefill fed: how many tokens, how many of them (its last chunk) an interrupt left
+    partly unevaluated (0: none), and the first layer whose cache is not evaluated yet
+    (`evaluate_layers` goes on from there)."""
 
     tokens: int
     unevaluated: int = 0
+    layer: int = 0
 
 
-def evaluate_layers(caches: Sequence[LayerCache], interrupt: Interrupt | None = None) -> bool:
-    """Evaluate the caches layer by layer, asking `interrupt` after each but the last; True
-    once all are evaluated, False when it said stop.
+def evaluate_layers(caches: Sequence[LayerCache], interrupt: Interrupt | None = None, start: int = 0) -> int:
+    """Evaluate the caches from layer `start` on, in order, asking `interrupt` after each but the
+    last; returns the first layer left unevaluated (`len(caches)`: none, all are evaluated).
+    Each call evaluates at least layer `start`, so calls that are always stopped still progress.
 
     A stopped forward is not lost or changed: the deeper caches still hold its lazy graph, which
     this (or anything that reads them) evaluates later to the same values. It lets a scheduler
     hand the CPU to a request that just arrived mid-way through a long prompt's chunk, instead
-    of after it. Evaluating an already evaluated cache is a no-op, so this also finishes what a
-    stopped call left."""
+    of after it."""
     if interrupt is None:
-        mx.eval([c.state for c in caches])
-        return True
-    for index, cache in enumerate(caches):
-        mx.eval(cache.state)
+        mx.eval([c.state for c in caches[start:]])  # the layers before `start` are evaluated
+        return len(caches)
+    for index in range(start, len(caches)):
+        mx.eval(caches[index].state)
         if index < len(caches) - 1 and interrupt():
-            return False
-    return True
+            return index + 1
+    return len(caches)
 
 
 class MlxAutoregressiveBinding:
@@ -163,20 +165,19 @@ class MlxAutoregressiveBinding:
         if chunk_size < 1:
             raise ValueError(f"prefill chunk size={chunk_size} must be >= 1")
         for start in range(0, len(tokens), chunk_size):
-            evaluated = self.feed(tokens[start : start + chunk_size], caches, interrupt)
+            layer = self.feed(tokens[start : start + chunk_size], caches, interrupt)
             fed = min(start + chunk_size, len(tokens))
-            if evaluated:
-                mx.clear_cache()
+            if layer < len(caches):
+                return Fed(fed, fed - start, layer)
+            mx.clear_cache()
             if on_chunk is not None:
                 on_chunk(fed)
-            if not evaluated:
-                return Fed(fed, fed - start)
         return Fed(len(tokens))
 
-    def feed(self, tokens: Sequence[int], caches: list[LayerCache], interrupt: Interrupt | None = None) -> bool:
-        """Feed `tokens` in one forward, evaluated (no logits kept), keeping MLX's buffer cache
-        for the next step (a prompt's chunks release it: see `prefill`); False when `interrupt`
-        left the caches' deeper layers unevaluated (see `evaluate_layers`)."""
+    def feed(self, tokens: Sequence[int], caches: list[LayerCache], interrupt: Interrupt | None = None) -> int:
+        """Feed `tokens` in one forward and evaluate it (no logits kept), keeping MLX's buffer
+        cache for the next step (a prompt's chunks release it: see `prefill`), unless `interrupt`
+        stops the evaluation; returns the first layer left unevaluated (see `evaluate_layers`)."""
         self._forward(mx.array(list(tokens))[None], caches)
         return evaluate_layers(caches, interrupt)
 

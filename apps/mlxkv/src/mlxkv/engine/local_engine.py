@@ -162,7 +162,7 @@ class LocalEngine:
         if max_batch_kv_bytes < 0:
             raise ValueError(f"max batch KV bytes={max_batch_kv_bytes} must be >= 0 (0: no limit)")
         self.max_batch_kv_bytes = max_batch_kv_bytes
-        self._kv_bytes_per_token = 0  # learned from the first generation's caches
+        self._kv_bytes_per_token = 0  # learned from the running caches after a step (see `_step`)
         self._held: _Job | None = None  # admitted next, once the running generations' KV leaves room
         self.binding = binding
         self.base_params = base_params
@@ -310,7 +310,7 @@ class LocalEngine:
             room = not closing and self._held is None and len(active) + len(reading) < self._scheduler.max_batch
             with self._queue.mutex:
                 head = self._queue.queue[0] if room and self._queue.queue else None
-            if head is not None:
+            if head is not None and not head.handle.cancelled.is_set():
                 return len(head.prompt)
             return min((len(job.prompt) for job, read in reading if read.done()), default=None)
 

@@ -147,6 +147,7 @@ class Generation:
         self._due: tuple[tuple[int, ...], TokenStep] | None = None  # a checkpoint to take after the step
         self._points = sorted({p for p in snapshot_at if self.cached_tokens < p <= len(self.prompt) - 1})
         self._on_snapshot = on_snapshot
+        self._snapshot_due: int | None = None  # a snapshot point reached by a chunk an interrupt stopped
         self._on_prefill_progress = on_prefill_progress if resume is None else None
         self._prefill_total = self._run.prefill_left
         self._checkpoint_every = checkpoint_every
@@ -212,18 +213,23 @@ class Generation:
 
     def prefill(self, budget: int, interrupt: Interrupt | None = None) -> int:
         """Feed up to `budget` prompt tokens (stopping at the next snapshot point, which is then
-        taken); returns how many were fed, fewer where `interrupt` stopped the evaluation of a
-        chunk (see `MlxAutoregressiveBinding.prefill`: the next call evaluates it first)."""
+        taken); returns how many were fed. Where `interrupt` stops the evaluation of a chunk, the
+        chunk counts as fed and is the last (see `MlxAutoregressiveBinding.prefill`); what it left
+        is evaluated first by the next call or by `finish_chunk`."""
         run = self._run
         point = next((p for p in self._points if p > run.cached), run.prefill_end)
         upto = min(point, run.cached + max(budget, 0))
         before = run.cached
         report = self._on_prefill_progress
         done_before = before - (run.prefill_end - self._prefill_total)
+        if not self.finish_chunk(interrupt):
+            return 0
         run.prefill(upto, self._params.prefill_chunk,
                     None if report is None else (lambda fed: report(done_before + fed, self._prefill_total)), interrupt)
-        if run.cached in self._points and run.cached > before and self._on_snapshot is not None:
-            self._on_snapshot(self.prompt[: run.cached], self.caches)
+        if run.cached in self._points and run.cached > before:
+            self._snapshot_due = run.cached
+            if not run.unevaluated:  # else once `finish_chunk` has evaluated the chunk an interrupt stopped
+                self.finish_chunk()
         return run.cached - before
 
     @property
@@ -232,9 +238,15 @@ class Generation:
         return self._run.unevaluated if not self.done else 0
 
     def finish_chunk(self, interrupt: Interrupt | None = None) -> bool:
-        """Evaluate what an interrupt left of the last prefill chunk, unless `interrupt` stops it
-        again; whether nothing is left."""
-        return self._run.finish_chunk(interrupt)
+        """Evaluate what an interrupt left of the last prefill chunk (at least one more layer,
+        unless `interrupt` lets it finish) and take the snapshot due where it ended; whether
+        nothing is left."""
+        if not self._run.finish_chunk(interrupt):
+            return False
+        if self._snapshot_due is not None and self._on_snapshot is not None:
+            self._on_snapshot(self.prompt[: self._snapshot_due], self.caches)
+        self._snapshot_due = None
+        return True
 
     @property
     def needs_step(self) -> bool:

@@ -89,6 +89,7 @@ class SequenceRun:
         self._next = mx.array([self.prompt[-1]], dtype=mx.uint32) if pending is None else None
         self._round: tuple[Round, list[int]] | None = None
         self.unevaluated = 0  # tokens of the last prefill chunk an interrupt left partly unevaluated
+        self._layer = 0  # the first layer of that chunk not evaluated yet
 
     @property
     def prefill_left(self) -> int:
@@ -104,12 +105,16 @@ class SequenceRun:
             return
         fed = self.binding.prefill(self.prompt[self.cached : upto], self.caches, chunk, on_chunk, interrupt)
         self.cached += fed.tokens
-        self.unevaluated = fed.unevaluated
+        self.unevaluated, self._layer = fed.unevaluated, fed.layer
 
     def finish_chunk(self, interrupt: Interrupt | None = None) -> bool:
-        """Evaluate what an interrupt left of the last prefill chunk; whether nothing is left."""
-        if self.unevaluated and evaluate_layers(self.caches, interrupt):
-            self.unevaluated = 0
+        """Evaluate what an interrupt left of the last prefill chunk (at least one more layer,
+        unless none is left); whether nothing is left."""
+        if self.unevaluated:
+            self._layer = evaluate_layers(self.caches, interrupt, self._layer)
+            if self._layer == len(self.caches):
+                self.unevaluated = 0
+                mx.clear_cache()  # as after every evaluated chunk (see `MlxAutoregressiveBinding.prefill`)
         return not self.unevaluated
 
     def take_pending(self) -> TokenStep | None:

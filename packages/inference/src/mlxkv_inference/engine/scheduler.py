@@ -57,9 +57,10 @@ class BatchScheduler:
                  prefill_budget: int = DEFAULT_PREFILL_CHUNK, prefill_step_s: float = 0.0) -> None:
         """`prefill_step_s` > 0: where chunks may be cut, a prompt's chunk is sized from its last
         one's seconds a token (a new prompt's from the latest new prompt's first chunk) so a
-        step's prefill takes about that long (a prompt's tokens cost more as its context grows);
-        a request arriving meanwhile waits for about that. A prompt whose rest fits one chunk
-        and `WHOLE_STEPS` step times is fed whole."""
+        step's prefill takes about that long (a prompt's tokens cost more as its context grows):
+        the running generations wait about that for their next token (a request arriving
+        meanwhile stops the chunk instead; see `step`). A prompt whose rest fits one chunk and
+        `WHOLE_STEPS` step times is fed whole."""
         if max_batch < 1:
             raise ValueError(f"max batch={max_batch} must be >= 1")
         if prefill_budget < 1:
@@ -147,12 +148,17 @@ class BatchScheduler:
             interrupt = None if arrival is None else self._sooner_arrival(arrival, generation, timed)
             if generation.unevaluated:  # an interrupt stopped its last chunk: that comes first, untimed
                 turns += 1
+                owed = generation.unevaluated
                 try:
                     if not generation.finish_chunk(interrupt):
                         break
                 except Exception as e:  # noqa: BLE001 - one failed generation must not stop the others
                     outcomes[id(generation)] = StepOutcome(generation, (), False, e)
                     continue
+                budget -= owed  # the step's token bound counts the tokens evaluated in it
+                if budget <= 0:
+                    break
+                take = min(generation.prefill_chunk, budget) if splittable else generation.prefill_chunk
             if timed:
                 seconds, left_s = self._token_seconds_of(generation, take), deadline - time.perf_counter()
                 if seconds is not None:
@@ -193,9 +199,12 @@ class BatchScheduler:
             tokens = arrival()
             if tokens is None:
                 return False
-            seconds = self._fresh_seconds if timed else None
-            newcomer = tokens * seconds if seconds is not None else 0.0
-            return (newcomer, tokens) < self._prefill_order(generation, timed)[:2]
+            left = generation.prefill_left + generation.unevaluated
+            if timed:
+                theirs, mine = self._new_prompt_seconds(tokens), self._token_seconds_of(generation, left)
+                if theirs is not None and mine is not None:
+                    return tokens * theirs < left * mine
+            return tokens < left
 
         return interrupt
 
@@ -214,7 +223,17 @@ class BatchScheduler:
             return seconds
         if self._fresh_seconds is not None and not generation.cached_tokens:
             return self._fresh_seconds
-        positions = max(min(tokens, generation.prefill_chunk), 1)
+        return self._forward_share(min(tokens, generation.prefill_chunk))
+
+    def _new_prompt_seconds(self, tokens: int) -> float | None:
+        """Seconds a token of a prompt not started yet costs, as `_token_seconds_of` estimates an
+        uncached prompt before its first chunk."""
+        return self._fresh_seconds if self._fresh_seconds is not None else self._forward_share(min(tokens, self.prefill_budget))
+
+    def _forward_share(self, positions: int) -> float | None:
+        """A forward of `positions` positions' seconds a position, by the binding's step costs
+        (None before any)."""
+        positions = max(positions, 1)
         forward = self.binding.step_costs.seconds(positions)
         return forward / positions if forward else None
 
@@ -276,4 +295,3 @@ class BatchScheduler:
         self.binding.step_costs.record(sum(lengths), time.perf_counter() - started)
         for generation, deltas in zip(stepping, accepted):
             outcomes[id(generation)] = StepOutcome(generation, tuple(deltas), False)
-

@@ -39,7 +39,7 @@ MAX_NUM_DRAFT_TOKENS = 32
 PRIOR_POSITION_COST = 0.15  # cost of one more verified position, as a fraction of a step, until measured
 
 # Feeds tokens into caches through the model, evaluated (a rolled-back round's kept positions).
-Refeed = Callable[[list[int], list[LayerCache]], object]
+Refeed = Callable[[list[int], list[LayerCache]], int]
 
 
 @dataclass(frozen=True, slots=True)
