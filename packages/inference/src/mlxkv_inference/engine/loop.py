@@ -98,11 +98,10 @@ class SequenceRun:
     def prefill(self, upto: int, chunk: int = DEFAULT_PREFILL_CHUNK, on_chunk: Callable[[int], None] | None = None,
                 interrupt: Interrupt | None = None) -> None:
         """Feed prompt tokens until the caches hold the first `upto` of them, or fewer where
-        `interrupt` stops it (see `MlxAutoregressiveBinding.prefill`)."""
+        `interrupt` stops it (see `MlxAutoregressiveBinding.prefill`); a chunk an interrupt
+        stopped before is the caller's to finish first (`finish_chunk`)."""
         if not self.cached <= upto <= self.prefill_end:
             raise ValueError(f"prefill to {upto} is outside [{self.cached}, {self.prefill_end}]")
-        if not self.finish_chunk(interrupt):
-            return
         fed = self.binding.prefill(self.prompt[self.cached : upto], self.caches, chunk, on_chunk, interrupt)
         self.cached += fed.tokens
         self.unevaluated, self._layer = fed.unevaluated, fed.layer

@@ -199,9 +199,10 @@ class BatchScheduler:
             tokens = arrival()
             if tokens is None:
                 return False
-            left = generation.prefill_left + generation.unevaluated
+            left = _tokens_left(generation)
             if timed:
-                theirs, mine = self._new_prompt_seconds(tokens), self._token_seconds_of(generation, left)
+                theirs = self._unmeasured_seconds(min(tokens, self.prefill_budget), fresh=True)
+                mine = self._token_seconds_of(generation, left)
                 if theirs is not None and mine is not None:
                     return tokens * theirs < left * mine
             return tokens < left
@@ -209,7 +210,7 @@ class BatchScheduler:
         return interrupt
 
     def _prefill_order(self, generation: Generation, timed: bool) -> tuple[float, int, int]:
-        left = generation.prefill_left + generation.unevaluated  # at most that many: some layers are done
+        left = _tokens_left(generation)
         seconds = self._token_seconds_of(generation, left) if timed else None
         return (left * seconds if seconds is not None else 0.0, left, self._prefilled_at.get(id(generation), -1))
 
@@ -221,18 +222,15 @@ class BatchScheduler:
         seconds = self._token_seconds.get(id(generation))
         if seconds is not None:
             return seconds
-        if self._fresh_seconds is not None and not generation.cached_tokens:
+        return self._unmeasured_seconds(min(tokens, generation.prefill_chunk), fresh=not generation.cached_tokens)
+
+    def _unmeasured_seconds(self, positions: int, fresh: bool) -> float | None:
+        """Seconds a token costs of a prompt with no chunk timed yet (one not started, too): for
+        a `fresh` (uncached) one the latest uncached prompt's first chunk's, where there was one;
+        else a forward of `positions` positions' share by the binding's step costs (None before
+        any)."""
+        if fresh and self._fresh_seconds is not None:
             return self._fresh_seconds
-        return self._forward_share(min(tokens, generation.prefill_chunk))
-
-    def _new_prompt_seconds(self, tokens: int) -> float | None:
-        """Seconds a token of a prompt not started yet costs, as `_token_seconds_of` estimates an
-        uncached prompt before its first chunk."""
-        return self._fresh_seconds if self._fresh_seconds is not None else self._forward_share(min(tokens, self.prefill_budget))
-
-    def _forward_share(self, positions: int) -> float | None:
-        """A forward of `positions` positions' seconds a position, by the binding's step costs
-        (None before any)."""
         positions = max(positions, 1)
         forward = self.binding.step_costs.seconds(positions)
         return forward / positions if forward else None
@@ -295,3 +293,9 @@ class BatchScheduler:
         self.binding.step_costs.record(sum(lengths), time.perf_counter() - started)
         for generation, deltas in zip(stepping, accepted):
             outcomes[id(generation)] = StepOutcome(generation, tuple(deltas), False)
+
+
+def _tokens_left(generation: Generation) -> int:
+    """The prompt tokens `generation` has to feed or to evaluate (at most: some layers of a
+    stopped chunk are done)."""
+    return generation.prefill_left + generation.unevaluated
