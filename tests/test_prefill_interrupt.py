@@ -44,8 +44,24 @@ class Newcomer:
         return self.tokens if 0 < self.at <= self.asked else None
 
 
-def states(caches: list) -> list[mx.array]:  # type: ignore[type-arg]
+def states(caches: Sequence[Any]) -> list[mx.array]:
+    """Every plain cache's keys and values up to its offset."""
     return [a for c in caches for a in (c.keys[..., : c.offset, :], c.values[..., : c.offset, :])]
+
+
+def tiny(**overrides: Any) -> MlxAutoregressiveBinding:
+    """The server's native path on a 4-layer tiny llama: a stop can fall between its layers."""
+    return make_tiny_binding("llama", native=True, num_hidden_layers=4, **overrides)
+
+
+def one_prompt(prompt: list[int], params: GenerationParams, prefill_step_s: float = 0.0,
+               **generation: Any) -> tuple[MlxAutoregressiveBinding, Generation, BatchScheduler]:
+    """A scheduler (64 prompt tokens a step) running one generation of `prompt` on `tiny()`."""
+    binding = tiny()
+    started = Generation(binding, prompt, params, **generation)
+    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64, prefill_step_s=prefill_step_s)
+    scheduler.add(started)
+    return binding, started, scheduler
 
 
 @pytest.mark.parametrize("native", [False, True])
@@ -73,7 +89,7 @@ def test_a_chunk_stopped_between_layers_evaluates_later_to_the_uninterrupted_cac
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.9, top_p=0.9, seed=7)])
 def test_an_arrival_stops_the_long_chunk_and_takes_its_first_token_before_the_chunk_goes_on(
         sampling: SamplingParams) -> None:
-    binding = make_tiny_binding("llama", native=True, num_hidden_layers=4)
+    binding = tiny()
     params = GenerationParams(max_tokens=5, prefill_chunk=64, ignore_eos=True, sampling=sampling)
     long_prompt, short_prompt = make_prompt(200, seed=1), make_prompt(6, seed=2)
     long = Generation(binding, long_prompt, params)
@@ -101,12 +117,9 @@ def test_an_arrival_stops_the_long_chunk_and_takes_its_first_token_before_the_ch
 
 
 def test_a_prompt_whose_last_chunk_was_stopped_finishes_it_before_its_first_decode() -> None:
-    binding = make_tiny_binding("llama", native=True, num_hidden_layers=4)
     params = GenerationParams(max_tokens=3, prefill_chunk=64, ignore_eos=True)
     prompt = make_prompt(30, seed=5)
-    generation = Generation(binding, prompt, params)
-    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64)
-    scheduler.add(generation)
+    binding, generation, scheduler = one_prompt(prompt, params)
     assert scheduler.step(Newcomer(5, at=1)) == []
     assert generation.prefill_left == 0 and generation.unevaluated == 29 and generation.prefilling
     assert not generation.needs_step
@@ -144,12 +157,12 @@ def test_the_engine_stops_a_long_prompts_chunk_for_a_request_that_arrives() -> N
     and for the long prompt's first token (both requests want one token)."""
     requests = [GenerateRequest(max_tokens=1, prompt_tokens=tuple(make_prompt(n, seed=n)), sampling=Sampling(temperature=0))
                 for n in (400, 5)]
-    alone = LocalEngine(make_tiny_binding("llama", native=True, num_hidden_layers=4), None, max_batch=1)
+    alone = LocalEngine(tiny(), None, max_batch=1)
     try:
         expected = [asyncio.run(first_answers_alone(alone, r)) for r in requests]
     finally:
         alone.close(30)
-    binding = make_tiny_binding("llama", native=True, num_hidden_layers=4, binding_class=GatedBinding)
+    binding = tiny(binding_class=GatedBinding)
     assert isinstance(binding, GatedBinding)
     engine = LocalEngine(binding, None, max_batch=8)
     try:
@@ -172,7 +185,7 @@ async def first_answers_alone(engine: LocalEngine, request: GenerateRequest) -> 
 @pytest.mark.parametrize(("first", "second", "stopped"), [(400, 5, True), (30, 400, False)])
 def test_only_a_newcomer_with_less_prompt_than_is_left_stops_a_chunk(first: int, second: int, stopped: bool,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    binding = make_tiny_binding("llama", native=True, num_hidden_layers=4, binding_class=GatedBinding)
+    binding = tiny(binding_class=GatedBinding)
     assert isinstance(binding, GatedBinding)
     evaluated: list[bool] = []
     feed = binding.feed
@@ -196,12 +209,9 @@ def test_only_a_newcomer_with_less_prompt_than_is_left_stops_a_chunk(first: int,
 def test_an_arrival_that_never_starts_cannot_stall_a_prefill() -> None:
     """A caller that keeps answering "a 1-token request waits" without ever starting it: each
     step still evaluates at least one more layer, so the long prompt completes."""
-    binding = make_tiny_binding("llama", native=True, num_hidden_layers=4)
     params = GenerationParams(max_tokens=2, prefill_chunk=64, ignore_eos=True)
     prompt = make_prompt(150, seed=9)
-    generation = Generation(binding, prompt, params)
-    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64)
-    scheduler.add(generation)
+    binding, generation, scheduler = one_prompt(prompt, params)
     for _ in range(60):
         if not scheduler.running:
             break
@@ -214,25 +224,20 @@ def test_an_arrival_that_never_starts_cannot_stall_a_prefill() -> None:
 def test_with_timed_steps_only_a_newcomer_estimated_sooner_stops_a_chunk(tokens: int, stops: bool) -> None:
     """The server's timed steps: before any chunk was timed the estimates come from the step
     costs, for the newcomer too (a newcomer estimated at 0 s stopped every chunk)."""
-    binding = make_tiny_binding("llama", native=True, num_hidden_layers=4)
+    binding, generation, scheduler = one_prompt(make_prompt(400, seed=8), GenerationParams(max_tokens=2, prefill_chunk=64),
+                                                prefill_step_s=0.05)
     binding.verifies_positions()  # the step costs the estimates start from
-    generation = Generation(binding, make_prompt(400, seed=8), GenerationParams(max_tokens=2, prefill_chunk=64))
-    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64, prefill_step_s=0.05)
-    scheduler.add(generation)
     scheduler.step(Newcomer(tokens, at=1))
     assert (generation.unevaluated > 0) is stops
 
 
 def test_a_snapshot_point_reached_by_a_stopped_chunk_is_taken_once_the_chunk_is_evaluated() -> None:
     """Taking it at once would evaluate the rest of the chunk in the step the newcomer waits for."""
-    binding = make_tiny_binding("llama", native=True, num_hidden_layers=4)
     params = GenerationParams(max_tokens=2, prefill_chunk=64, ignore_eos=True)
     prompt = make_prompt(60, seed=4)
     taken: list[tuple[int, list[mx.array]]] = []
-    generation = Generation(binding, prompt, params, snapshot_at=[40],
-                            on_snapshot=lambda tokens, caches: taken.append((len(tokens), states(caches))))
-    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64)
-    scheduler.add(generation)
+    binding, generation, scheduler = one_prompt(
+        prompt, params, snapshot_at=[40], on_snapshot=lambda tokens, caches: taken.append((len(tokens), states(caches))))
     scheduler.step(Newcomer(5, at=1))
     assert generation.unevaluated == 40 and taken == []
     scheduler.step(Newcomer())
