@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -15,7 +16,7 @@ from mlxkv_inference.engine.constraint import Grammar, GrammarConstraint
 from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
 from mlxkv_inference.engine.logits import context_window, make_logits_processors
 from mlxkv_inference.cache.reuse import covered_tokens, frozen_copy
-from mlxkv_inference.engine.loop import Decoder, Drawn, PrefillProgress, SequenceRun, TokenStep
+from mlxkv_inference.engine.loop import Ahead, Decoder, Drawn, PrefillProgress, SequenceRun, TokenStep
 from mlxkv_inference.engine.proposers import DraftModel, DraftState, PromptLookup, Proposer
 from mlxkv_inference.engine.sampling import SamplingParams, choose_seed, make_sampler
 from mlxkv_inference.engine.speculation import SpeculativeParams, round_fits
@@ -143,6 +144,7 @@ class Generation:
         self._drafts: list[int] = []  # the open round's drafts (empty: a plain step)
         self._round_rows = 0  # positions the open step feeds
         self._drawn: Drawn | None = None  # a plain step's sampling graph, drawn before `accept`
+        self._ahead: deque[Ahead] = deque()  # tokens a pipelined step drew and fed on, unread (oldest first)
         self._alone_since = 0.0  # when a step this generation drives alone started (0: batched)
         self._due: tuple[tuple[int, ...], TokenStep] | None = None  # a checkpoint to take after the step
         self._points = sorted({p for p in snapshot_at if self.cached_tokens < p <= len(self.prompt) - 1})
@@ -328,6 +330,75 @@ class Generation:
         self._drafts = []
         return deltas
 
+    # -- pipelined steps: the next token fed before it is read ------------------------------
+    def runs_ahead(self, sequences: int) -> bool:
+        """Whether a pipelined step may feed this generation's next token before reading the
+        one in flight (see `BatchScheduler`): a plain step, with nothing that needs the token's
+        value first (a grammar's mask, drafts, a checkpoint at the token in flight) and caches
+        that can drop a fed token again (where the generation ends on the token in flight).
+        `sequences`: the generations the step feeds."""
+        if not self.needs_step or self._cancelled or self._run.constrained or self._draft_model is not None:
+            return False
+        n = self._emitted + len(self._ahead)  # produced once the tokens in flight are read
+        if n >= self._max_new or (self._ahead and self._checkpoint_due(self._emitted)):
+            return False
+        spec = self._speculator
+        if spec is not None and self._binding.verifies_positions() \
+                and spec.plans_drafts(self._draft_limit(spec, n), sequences, sequences):
+            return False
+        return round_fits(self.caches, 2, self._binding.kv_scheme) >= 2
+
+    @property
+    def ahead_ends(self) -> bool:
+        """Whether reading the tokens in flight reaches max_tokens (nothing more to feed)."""
+        return bool(self._ahead) and self._emitted + len(self._ahead) >= self._max_new
+
+    @property
+    def in_flight(self) -> int:
+        """Tokens a pipelined step drew and fed on, not read yet."""
+        return len(self._ahead)
+
+    def ahead_input(self) -> mx.array:
+        """The (1,) token a pipelined step feeds (`runs_ahead` said it may): the last one drawn,
+        read or not. Prompt lookup guesses the one read next, as a plain step's does."""
+        if self._speculator is not None and self._binding.verifies_positions():
+            self._speculator.plain_step(self._history())
+        return self._run.decode_input()
+
+    def draw_ahead(self, logits: mx.array) -> list[mx.array]:
+        """Build the sampling of the token after `ahead_input()` from its (1, vocab) `logits`
+        and feed on with it: the arrays to evaluate (asynchronously; `read_ahead` reads it)."""
+        ahead = self._run.draw_ahead(logits)
+        self._ahead.append(ahead)
+        return list(ahead.drawn)
+
+    def read_ahead(self) -> list[TextDelta]:
+        """Read the oldest token in flight and take it (as `accept` takes a plain step's); where
+        the generation ends on it, `finish` drops the tokens fed after it."""
+        step = self._run.read(self._ahead.popleft())
+        deltas = self._take(step)
+        if self._due is not None:  # `runs_ahead` kept every later token unfed
+            assert not self._ahead, "a checkpoint needs the caches to hold exactly the tokens before it"
+            self._checkpoint(*self._due)
+            self._due = None
+        if self._speculator is not None:
+            self._speculator.observe([], [step.token])
+        return deltas
+
+    def _land(self) -> None:
+        """Drop the tokens in flight and what was fed after them: the caches and the run as
+        they were before the first was drawn (a generation ending, or cancelled, with some)."""
+        if not self._ahead:
+            return
+        for cache in self.caches:
+            cache.trim(len(self._ahead))
+        self._run.retreat(self._ahead[0])
+        self._ahead.clear()
+
+    def _checkpoint_due(self, n: int) -> bool:
+        """Whether taking the `n`th produced token (0-based) takes a checkpoint (see `_take`)."""
+        return n > 0 and bool(self._checkpoint_every) and self._on_checkpoint is not None and n % self._checkpoint_every == 0
+
     def _draft(self, batch: int, sequences: int) -> list[int]:
         """Drafts for the next step, as many as may be verified in one forward exactly: within
         max_tokens, not past a checkpoint (one may fall only on a round's last token, when the
@@ -335,20 +406,25 @@ class Generation:
         spec = self._speculator
         if spec is None or not self._binding.verifies_positions():
             return []
-        n = self._emitted
+        return spec.drafts(self._history(), self._draft_limit(spec, self._emitted), batch, sequences)
+
+    def _draft_limit(self, spec: Speculator, n: int) -> int:
+        """The most drafts a round after `n` produced tokens may verify (see `_draft`)."""
         limit = min(spec.params.num_draft_tokens, self._max_new - n - 1)
         every = self._checkpoint_every if self._on_checkpoint is not None else 0
         if every:
             due = n if n > 0 and n % every == 0 else (n // every + 1) * every
             limit = min(limit, due - n)
-        limit = min(limit, round_fits(self.caches, limit + 1, self._binding.kv_scheme) - 1)
-        history = self.prompt[: self._original_prompt] + self._yielded
-        return spec.drafts(history, limit, batch, sequences)
+        return min(limit, round_fits(self.caches, limit + 1, self._binding.kv_scheme) - 1)
+
+    def _history(self) -> list[int]:
+        """The prompt and the tokens read so far (what a proposer drafts after)."""
+        return self.prompt[: self._original_prompt] + self._yielded
 
     def _take(self, step: TokenStep) -> list[TextDelta]:
         self._last_step = step
         n = self._emitted
-        if n > 0 and self._checkpoint_every and self._on_checkpoint is not None and n % self._checkpoint_every == 0:
+        if self._checkpoint_due(n):
             self._due = (tuple(self._yielded), step)
         self._emitted += 1
         if n == 0:
@@ -371,6 +447,7 @@ class Generation:
         """End the generation (cancelled, if it was not done): set `result`; the held-back text."""
         if not self.done:
             self._stop("cancelled")
+        self._land()
         tail = self._detok.finish()
         self._t_end = time.perf_counter()
         self.result = self._make_result()

@@ -43,6 +43,17 @@ class TokenStep:
     logprobs: mx.array
 
 
+@dataclass(frozen=True, slots=True)
+class Ahead:
+    """A token drawn and made the next one to feed before it is read (see `SequenceRun.draw_ahead`):
+    its graph, its step index, and what the run fed and had seen before it."""
+
+    drawn: Drawn
+    step: int
+    previous: mx.array
+    history: mx.array
+
+
 class SequenceRun:
     """One sequence: `prefill` its prompt up to given points, then `sample` one token per decode
     step from the logits of feeding `decode_input()` (the caller runs the model, alone or batched).
@@ -177,6 +188,32 @@ class SequenceRun:
             logits = processor(self._history, logits)
         logprobs = self.binding.log_softmax(logits)
         return self._sampler(logprobs, self.step), logprobs
+
+    def draw_ahead(self, logits: mx.array) -> Ahead:
+        """`draw`, and make its token, not evaluated, the one the next step feeds: a pipelined
+        step builds the next step on it while this one evaluates (values are the same either
+        way); `read` it next, or `retreat` to before it."""
+        previous, history = self.decode_input(), self._history
+        ahead = Ahead(self.draw(logits), self.step, previous, history)
+        self._next = ahead.drawn[0].astype(mx.uint32)
+        self.step += 1
+        return ahead
+
+    def read(self, ahead: Ahead) -> TokenStep:
+        """The token `draw_ahead` drew (evaluated here if it is not yet)."""
+        y, logprobs = ahead.drawn
+        mx.eval(y, logprobs)
+        return TokenStep(_token(y), ahead.step, logprobs.squeeze(0))
+
+    def retreat(self, ahead: Ahead) -> None:
+        """Back to before `ahead` was drawn: its token and every later one unread. The tokens fed
+        since are the caller's to trim."""
+        self._next, self._history, self.step = ahead.previous, ahead.history, ahead.step
+
+    @property
+    def constrained(self) -> bool:
+        """Whether a grammar masks the steps (its state needs each token's value)."""
+        return self._constraint is not None
 
     def take(self, drawn: Drawn) -> TokenStep:
         """The token of `draw`'s graph (evaluated here if it is not yet): the next step feeds it."""

@@ -7,6 +7,11 @@
                     a generation speculating this step brings its drafts as more rows (its own
                     draft length), and what it accepts changes no other row
 
+While every running generation decodes plain steps (no drafts, no grammar, no prompt waiting),
+steps are pipelined: a step's graph is built on the tokens the last step drew, before they are
+read, and evaluates while they are taken (`_decode_ahead`); the values are the same, and a
+generation that ends on a token in flight drops the one it fed on.
+
 A request that arrives during a step, with a prompt estimated to prefill sooner than the rest of
 the one prefilling, stops that prompt's chunk between two layers (`step`'s `arrival`): the
 newcomer's prompt goes first in the next step, and the rest of the chunk is evaluated in its
@@ -28,6 +33,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from mlxkv_inference import _mlx_lm
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, Interrupt, MlxAutoregressiveBinding
 from mlxkv_inference.engine.generate import Generation, TextDelta
 
@@ -75,6 +81,7 @@ class BatchScheduler:
         self.prefill_budget = prefill_budget
         self.running: list[Generation] = []
         self.batched_steps = 0  # decode steps that ran stacked rows (the others ran a graph per row)
+        self.pipelined_steps = 0  # of those, built before the last step's tokens were read (see `_decode_ahead`)
         self.largest_batch = 0  # the most generations one step has run
         self._steps = 0
         self._prefilled_at: dict[int, int] = {}  # generation -> when it last got a prefill chunk
@@ -105,17 +112,25 @@ class BatchScheduler:
         for generation in self.running:
             if generation.cancelled and not generation.done:  # also mid-prefill: finish() ends it cancelled
                 outcomes[id(generation)] = StepOutcome(generation, (), True)
-        self._prefill(outcomes, arrival)
-        ready = [g for g in self.running if id(g) not in outcomes and not g.done and not g.prefilling]
-        self._decode(ready, outcomes)
+        read: dict[int, tuple[TextDelta, ...]] = {}
+        feeding = self._pipelined(outcomes, arrival)
+        if feeding:
+            self._decode_ahead(feeding, outcomes)
+        else:
+            self._read_in_flight(read, outcomes)
+            self._prefill(outcomes, arrival)
+            ready = [g for g in self.running if id(g) not in outcomes and not g.done and not g.prefilling]
+            self._decode(ready, outcomes)
         for generation in self.running:
-            if id(generation) not in outcomes and generation.done:
+            if id(generation) not in outcomes and (generation.done or id(generation) in read):
                 outcomes[id(generation)] = StepOutcome(generation, (), False)
         result = []
         for generation in list(self.running):
             outcome = outcomes.get(id(generation))
             if outcome is None:
                 continue
+            if id(generation) in read:
+                outcome = StepOutcome(generation, read[id(generation)] + outcome.deltas, outcome.finished, outcome.error)
             if outcome.error is None and (generation.done or outcome.finished):
                 outcome = StepOutcome(generation, outcome.deltas, True, tail=tuple(generation.finish()))
             if outcome.finished or outcome.error is not None:
@@ -124,6 +139,59 @@ class BatchScheduler:
                 self._token_seconds.pop(id(generation), None)
             result.append(outcome)
         return result
+
+    def _pipelined(self, outcomes: dict[int, StepOutcome], arrival: Arrival | None) -> list[Generation]:
+        """The generations this step feeds pipelined (empty: a step as above): where every
+        running generation is decoding, none waits to start, and each either may feed its next
+        token before the one in flight is read (`Generation.runs_ahead`) or ends on that one."""
+        running = self.running
+        if outcomes or len(running) < 2 or any(g.prefilling or not g.needs_step for g in running):
+            return []
+        if arrival is not None and arrival() is not None:
+            return []
+        feeding = [g for g in running if g.runs_ahead(len(running))]
+        if len(feeding) < 2 or any(g not in feeding and not g.ahead_ends for g in running):
+            return []
+        return feeding if self.binding.can_decode_batch([g.caches for g in feeding]) else []
+
+    def _decode_ahead(self, feeding: Sequence[Generation], outcomes: dict[int, StepOutcome]) -> None:
+        """A pipelined decode step: build the step after the one in flight, each row fed the
+        token its last step drew (not read yet), start evaluating it, then read the tokens in
+        flight. The graph is built while the last step evaluates: the Python that builds it no
+        longer holds up the kernels (~15% of a step at eight rows). A generation joining gets
+        its first token from this step in the next one; one whose read ends it drops the token
+        it fed on (`Generation.read_ahead`)."""
+        reading = [g for g in self.running if g.in_flight]
+        try:
+            tokens = mx.concatenate([g.ahead_input() for g in feeding])
+            logits = self.binding.decode_batch(tokens, [g.caches for g in feeding])
+            _mlx_lm.async_eval(*[a for i, g in enumerate(feeding) for a in g.draw_ahead(logits[i : i + 1])])
+        except Exception as e:  # noqa: BLE001 - the rows shared the step: each of them failed
+            for generation in self.running:
+                outcomes[id(generation)] = StepOutcome(generation, (), False, e)
+            return
+        self.batched_steps += 1
+        self.pipelined_steps += 1
+        for generation in reading:
+            try:
+                outcomes[id(generation)] = StepOutcome(generation, tuple(generation.read_ahead()), False)
+            except Exception as e:  # noqa: BLE001 - one failed generation must not stop the others
+                outcomes[id(generation)] = StepOutcome(generation, (), False, e)
+
+    def _read_in_flight(self, read: dict[int, tuple[TextDelta, ...]], outcomes: dict[int, StepOutcome]) -> None:
+        """Read the tokens the last (pipelined) step left in flight, before a step that is not
+        pipelined (a cancelled generation's are dropped by its `finish`)."""
+        for generation in self.running:
+            if not generation.in_flight or id(generation) in outcomes:
+                continue
+            deltas: list[TextDelta] = []
+            try:
+                while generation.in_flight and not generation.done:
+                    deltas.extend(generation.read_ahead())
+            except Exception as e:  # noqa: BLE001 - one failed generation must not stop the others
+                outcomes[id(generation)] = StepOutcome(generation, (), False, e)
+            else:
+                read[id(generation)] = tuple(deltas)
 
     def _prefill(self, outcomes: dict[int, StepOutcome], arrival: Arrival | None) -> None:
         """Prefill the generations with the least prompt left first (ties: the one served

@@ -57,11 +57,8 @@ class Speculator:
             return []
         k = self._length(limit, max(batch, 1), max(sequences, 1))
         if k == 0:
-            self._idle_steps += 1
-            if self._free:
-                self._shadow = self._proposer.propose(history, 1)
-                return []
-            if self._idle_steps < self._retry_every:
+            self.plain_step(history)
+            if self._free or self._idle_steps < self._retry_every:
                 return []
             k = 1
             self._retrying = True
@@ -73,9 +70,27 @@ class Speculator:
             self._draft_seconds = seconds if not self._draft_seconds else 0.8 * self._draft_seconds + 0.2 * seconds
         return drafts
 
+    def plans_drafts(self, limit: int, batch: int = 1, sequences: int = 1) -> bool:
+        """Whether `drafts` would draft for the next step (see there), asked before the token it
+        drafts after is known (a pipelined step; a draft model retrying is drafting)."""
+        if limit < 1:
+            return False
+        if self._length(limit, max(batch, 1), max(sequences, 1)):
+            return True
+        return not self._free and self._idle_steps + 1 >= self._retry_every
+
+    def plain_step(self, history: Sequence[int]) -> None:
+        """Count a step without drafts, where `plans_drafts` said none; prompt lookup still
+        guesses the token after `history`, for `observe` to check."""
+        self._shadow = []
+        self._idle_steps += 1
+        if self._free:
+            self._shadow = self._proposer.propose(history, 1)
+
     def observe(self, drafts: Sequence[int], produced: Sequence[int]) -> None:
         """Tokens a step produced (sampled by the target) after verifying `drafts`."""
         guessed = list(drafts) or self._shadow
+        self._shadow = []  # a guess is checked once
         if not guessed or not produced:
             return
         accepted = 0
