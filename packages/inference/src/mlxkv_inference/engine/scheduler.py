@@ -60,13 +60,14 @@ class BatchScheduler:
     """Steps up to `max_batch` generations together on the thread that owns MLX."""
 
     def __init__(self, binding: MlxAutoregressiveBinding, *, max_batch: int = DEFAULT_MAX_BATCH,
-                 prefill_budget: int = DEFAULT_PREFILL_CHUNK, prefill_step_s: float = 0.0) -> None:
+                 prefill_budget: int = DEFAULT_PREFILL_CHUNK, prefill_step_s: float = 0.0, pipelined: bool = True) -> None:
         """`prefill_step_s` > 0: where chunks may be cut, a prompt's chunk is sized from its last
         one's seconds a token (a new prompt's from the latest new prompt's first chunk) so a
         step's prefill takes about that long (a prompt's tokens cost more as its context grows):
         the running generations wait about that for their next token (a request arriving
         meanwhile stops the chunk instead; see `step`). A prompt whose rest fits one chunk and
-        `WHOLE_STEPS` step times is fed whole."""
+        `WHOLE_STEPS` step times is fed whole. `pipelined=False`: no step is built before the last
+        one's tokens are read (see `_decode_ahead`; the tokens are the same either way)."""
         if max_batch < 1:
             raise ValueError(f"max batch={max_batch} must be >= 1")
         if prefill_budget < 1:
@@ -74,6 +75,7 @@ class BatchScheduler:
         if prefill_step_s < 0:
             raise ValueError(f"prefill step time={prefill_step_s} must be >= 0 seconds (0: no time bound)")
         self.prefill_step_s = prefill_step_s
+        self.pipelined = pipelined
         self._token_seconds: dict[int, float] = {}  # generation -> seconds a token of its last chunk
         self._fresh_seconds: float | None = None  # seconds a token of the latest first chunk of an uncached prompt
         self.binding = binding
@@ -145,7 +147,7 @@ class BatchScheduler:
         running generation is decoding, none waits to start, and each either may feed its next
         token before the one in flight is read (`Generation.runs_ahead`) or ends on that one."""
         running = self.running
-        if outcomes or len(running) < 2 or any(g.prefilling or not g.needs_step for g in running):
+        if not self.pipelined or outcomes or len(running) < 2 or any(g.prefilling or not g.needs_step for g in running):
             return []
         if arrival is not None and arrival() is not None:
             return []
