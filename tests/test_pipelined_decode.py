@@ -5,6 +5,7 @@ flight drops the token it fed on again."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -12,9 +13,10 @@ import mlx.core as mx
 import pytest
 
 from mlxkv_inference import Generation, GenerationParams, Grammar, MlxAutoregressiveBinding, SamplingParams
+from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.reuse import covered_tokens
 from mlxkv_inference.engine.generate import CheckpointState
-from mlxkv_inference.engine.scheduler import BatchScheduler
+from mlxkv_inference.engine.scheduler import BatchScheduler, StepOutcome
 from mlxkv_inference.engine.speculation import SpeculativeParams, StepCosts
 from tests.factories import make_prompt, make_tiny_binding
 from tests.test_prefill_interrupt import states
@@ -156,3 +158,41 @@ def test_a_row_that_needs_its_last_token_first_keeps_steps_unpipelined_and_exact
     for got, spec in zip(generations, rows):
         want = run_alone(binding, spec).result
         assert got.result is not None and want is not None and got.result.token_ids == want.token_ids
+
+
+class FailsOnBatch(MlxAutoregressiveBinding):
+    """Its `fail_at`-th batched forward raises (0: none does)."""
+
+    fail_at = 0
+    batches = 0
+
+    def decode_batch(self, tokens: mx.array, caches: Sequence[list[LayerCache]],
+                     lengths: Sequence[int] | None = None) -> mx.array:
+        self.batches += 1
+        if self.batches == self.fail_at:
+            raise RuntimeError("injected batched forward failure")
+        return super().decode_batch(tokens, caches, lengths)
+
+
+def test_a_pipelined_forward_that_fails_fails_only_the_rows_it_fed() -> None:
+    binding = make_tiny_binding("llama", seed=4, native=True, binding_class=FailsOnBatch)
+    assert isinstance(binding, FailsOnBatch)
+    binding.step_costs = RowsCostAStep()
+    rows = [(make_prompt(5, seed=1), GenerationParams(max_tokens=12, ignore_eos=True)),
+            (make_prompt(9, seed=2), GenerationParams(max_tokens=12, ignore_eos=True)),
+            (make_prompt(7, seed=3), GenerationParams(max_tokens=4, ignore_eos=True))]
+    want = run_alone(binding, rows[2]).result
+    generations = [Generation(binding, *spec) for spec in rows]
+    scheduler = BatchScheduler(binding, max_batch=8)
+    for generation in generations:
+        scheduler.add(generation)
+    outcomes: list[StepOutcome] = []
+    while scheduler.running:
+        if generations[2].ahead_ends and not binding.fail_at:  # its last token is in flight, not fed on
+            assert scheduler.pipelined_steps > 0
+            binding.fail_at = binding.batches + 1
+        outcomes += scheduler.step()
+    failed = {id(o.generation) for o in outcomes if o.error is not None}
+    assert failed == {id(generations[0]), id(generations[1])}
+    assert want is not None and generations[2].result is not None
+    assert generations[2].result.token_ids == want.token_ids

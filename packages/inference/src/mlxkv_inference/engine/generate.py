@@ -360,9 +360,11 @@ class Generation:
 
     def ahead_input(self) -> mx.array:
         """The (1,) token a pipelined step feeds (`runs_ahead` said it may): the last one drawn,
-        read or not. Prompt lookup guesses the one read next, as a plain step's does."""
-        if self._speculator is not None and self._binding.verifies_positions():
-            self._speculator.plain_step(self._history())
+        read or not. Prompt lookup guesses the one read next, where a plain step's would."""
+        spec = self._speculator
+        if spec is not None and self._binding.verifies_positions() \
+                and self._draft_limit(spec, self._emitted + len(self._ahead)) >= 1:
+            spec.plain_step(self._history())
         return self._run.decode_input()
 
     def draw_ahead(self, logits: mx.array) -> list[mx.array]:

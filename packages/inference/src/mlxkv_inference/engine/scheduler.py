@@ -168,12 +168,13 @@ class BatchScheduler:
             tokens = mx.concatenate([g.ahead_input() for g in feeding])
             logits = self.binding.decode_batch(tokens, [g.caches for g in feeding])
             _mlx_lm.async_eval(*[a for i, g in enumerate(feeding) for a in g.draw_ahead(logits[i : i + 1])])
-        except Exception as e:  # noqa: BLE001 - the rows shared the step: each of them failed
-            for generation in self.running:
+        except Exception as e:  # noqa: BLE001 - the rows fed shared the step: each of them failed
+            for generation in feeding:
                 outcomes[id(generation)] = StepOutcome(generation, (), False, e)
-            return
-        self.batched_steps += 1
-        self.pipelined_steps += 1
+            reading = [g for g in reading if g not in feeding]  # a row ending on its token in flight ends
+        else:
+            self.batched_steps += 1
+            self.pipelined_steps += 1
         for generation in reading:
             try:
                 outcomes[id(generation)] = StepOutcome(generation, tuple(generation.read_ahead()), False)
