@@ -10,6 +10,8 @@ The draft model is the embedded model's own first `--draft-layers` layers (self-
 LayerSkip: no smaller model with SmolLM2's tokenizer ships here). Every mode must produce the very
 tokens of the plain run (checked: a mismatch exits 1). Decode tok/s is the generation's own (first
 token to last); each (workload, mode) runs `--repeats` times, alternating, and medians are compared.
+Then prompt lookup is replayed on the plain runs' tokens for each `--replay-ngram` (rounds needed
+and a speed-up modelled from the measured step costs: no timing noise, for comparing proposers).
 Run: `uv run python -m tools.bench_speculative` (add `--cpu-kernels mlx` for MLX's own kernels,
 `--temperature T` for seeded sampling instead of greedy).
 """
@@ -23,7 +25,9 @@ import sys
 from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, SamplingParams, load_binding  # first: the BLAS shim precedes mlx
 
 from mlxkv_inference.engine.generate import GenerationResult  # noqa: E402, I001
-from mlxkv_inference.engine.speculation import SpeculativeParams
+from mlxkv_inference.engine.proposers import PromptLookup
+from mlxkv_inference.engine.speculation import SpeculativeParams, StepCosts
+from mlxkv_inference.engine.speculator import Speculator
 from mlxkv_inference.models.draft import layer_skip_draft
 from mlxkv_inference.tokenizer.chat import encode_chat
 
@@ -105,6 +109,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens to generate per answer (default: 256)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each (workload, mode); medians are compared (default: 2)")
     parser.add_argument("--num-draft-tokens", type=int, default=8, help="the most drafts a step verifies (default: 8)")
+    parser.add_argument("--replay-ngram", type=int, nargs="*", default=[3, 8], metavar="N",
+                        help="also replay prompt lookup with n-grams up to N on the plain runs' tokens, without timing "
+                             "(default: 3 8)")
     parser.add_argument("--draft-layers", type=int, default=4, help="layers of the self-speculation draft (default: 4)")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sample at this temperature, seeded (default: 0, greedy); the tokens must still match")
@@ -134,6 +141,7 @@ def main() -> int:
         drafted: dict[str, int] = {mode: 0 for mode in modes}
         accepted: dict[str, int] = {mode: 0 for mode in modes}
         tokens: dict[str, int] = {mode: 0 for mode in modes}
+        answers: list[tuple[int, ...]] = []
         for _ in range(args.repeats):
             for prompt in prompts:
                 reference: tuple[int, ...] | None = None
@@ -141,6 +149,8 @@ def main() -> int:
                     result = _run(binding, draft, prompt, spec, args.max_tokens, sampling)
                     if reference is None:
                         reference = result.token_ids
+                        if len(answers) < len(prompts):
+                            answers.append(reference)
                     elif result.token_ids != reference:
                         print(f"  MISMATCH: {mode} produced other tokens than the plain run", file=sys.stderr)
                         exact = False
@@ -157,8 +167,31 @@ def main() -> int:
                    for i in range(len(prompts))]
             print(f"  {mode:>20}: {median:6.2f} tok/s  {median / base:5.2f}x  (per request {', '.join(f'{r:.2f}x' for r in own)}; "
                   f"accepted {rate}; {tokens[mode]} tokens; runs {[round(x, 1) for x in tps[mode]]})")
+        for n in args.replay_ngram:
+            replays = [replay(prompt, list(answer), n, args.num_draft_tokens, binding.step_costs)
+                       for prompt, answer in zip(prompts, answers)]
+            print(f"  replayed, n-grams up to {n}: rounds {', '.join(str(r) for r, _ in replays)}; "
+                  f"modelled {', '.join(f'{x:.2f}x' for _, x in replays)}")
     print("\nevery mode produced the plain run's tokens" if exact else "\nSPECULATION CHANGED TOKENS")
     return 0 if exact else 1
+
+
+def replay(prompt: list[int], answer: list[int], ngram_max: int, num_draft_tokens: int, costs: StepCosts) -> tuple[int, float]:
+    """(rounds, modelled speed-up) of prompt lookup with n-grams up to `ngram_max` and the adaptive
+    length drafting `answer` (the plain run's tokens) after `prompt`: no model runs, so no timing
+    noise; a round of k drafts costs what `costs` (this run's measured forwards) say 1 + k
+    positions cost against one."""
+    params = SpeculativeParams(mode="prompt_lookup", num_draft_tokens=num_draft_tokens, ngram_max=ngram_max)
+    speculator = Speculator(params, PromptLookup(params.ngram_min, ngram_max), costs)
+    at, rounds, cost = 0, 0, 0.0
+    while at < len(answer):
+        drafts = speculator.drafts(prompt + answer[: at + 1], min(num_draft_tokens, len(answer) - at - 1))
+        accepted = 0
+        while accepted < len(drafts) and answer[at + 1 + accepted] == drafts[accepted]:
+            accepted += 1
+        speculator.observe(drafts, answer[at + 1 : at + 2 + accepted])
+        rounds, cost, at = rounds + 1, cost + costs.relative(1 + len(drafts)), at + 1 + accepted
+    return rounds, len(answer) / cost
 
 
 def _run(binding: MlxAutoregressiveBinding, draft: MlxAutoregressiveBinding, prompt: list[int], spec: SpeculativeParams,

@@ -49,7 +49,7 @@ class SpeculativeParams:
 
     mode: SpeculativeMode = "off"
     num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS
-    ngram_max: int = 3  # prompt lookup: the longest suffix n-gram matched (tried first)
+    ngram_max: int = 8  # prompt lookup: the longest suffix n-gram matched (tried first)
     ngram_min: int = 1
     adaptive: bool = True
 
