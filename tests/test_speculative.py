@@ -403,3 +403,38 @@ def test_a_costly_proposer_that_keeps_missing_is_retried_ever_more_rarely() -> N
         speculator.observe(drafts, [8])  # every guess misses
     gaps = [b - a for a, b in zip(retries_at, retries_at[1:])]
     assert gaps[0] >= RETRY_EVERY and gaps == sorted(gaps) and gaps[-1] == MAX_RETRY_EVERY
+
+
+def test_a_draft_models_first_reading_of_the_prompt_is_not_charged_to_its_drafts(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A clock that only the draft model's work moves: reading a long prompt takes 100 s, a draft
+    # step 1 ms, against target steps of 10 ms. Charged to the first four drafts, the prompt would
+    # make drafting look 25 s a token and switch it off.
+    from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK
+    import time
+
+    from mlxkv_inference.engine.proposers import DraftModel
+
+    draft = make_tiny_binding("llama", seed=1)
+    now = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])  # what the speculator and the draft model time with
+    prefill, decode = draft.prefill, draft.decode
+
+    def slow_prefill(*args: Any, **kwargs: Any) -> Any:
+        now[0] += 100.0
+        return prefill(*args, **kwargs)
+
+    def timed_decode(*args: Any, **kwargs: Any) -> mx.array:
+        now[0] += 0.001
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(draft, "prefill", slow_prefill)
+    monkeypatch.setattr(draft, "decode", timed_decode)
+    costs = StepCosts()
+    for rows in range(1, 6):
+        costs.record(rows, 0.01 + 0.001 * (rows - 1))
+    spec = Speculator(SpeculativeParams(mode="draft", num_draft_tokens=4), DraftModel(draft), costs)
+    history = make_prompt(DEFAULT_PREFILL_CHUNK + 40)
+    first = spec.drafts(history, 4)
+    assert first and now[0] > 100.0  # the prompt was read, then drafted after
+    spec.observe(first, [*first, 7])  # all accepted
+    assert spec.drafts([*history, *first, 7], 4)  # drafting still pays

@@ -7,6 +7,7 @@ Drafts only decide how many tokens a round can accept, never which tokens are pr
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -96,6 +97,7 @@ class DraftModel:
         self._caches: list[LayerCache] = state.caches if state is not None else binding.make_cache()
         self._tokens: list[int] = list(state.tokens) if state is not None else []  # what the caches hold
         self._target = target
+        self.catch_up_s = 0.0  # seconds the last proposal spent reading a whole prompt first (not drafting)
 
     def snapshot(self, history: Sequence[int]) -> DraftState | None:
         """A frozen copy of the caches' part that `history` starts with (None: none of it, the
@@ -110,6 +112,7 @@ class DraftModel:
             return None
 
     def propose(self, history: Sequence[int], limit: int) -> list[int]:
+        self.catch_up_s = 0.0
         if limit < 1 or not history:
             return []
         try:
@@ -129,7 +132,9 @@ class DraftModel:
             self._rewind(keep)
         fresh = list(history[len(self._tokens) :])
         if len(fresh) > DEFAULT_PREFILL_CHUNK:  # a whole prompt (the first proposal, or after a reset)
+            started = time.perf_counter()
             self.binding.prefill(fresh[:-1], self._caches)
+            self.catch_up_s = time.perf_counter() - started
         elif len(fresh) > 1:  # what the last round accepted: one step, no buffer-cache release
             self.binding.feed(fresh[:-1], self._caches)
         logits = self.binding.decode(mx.array(fresh[-1:]), self._caches)

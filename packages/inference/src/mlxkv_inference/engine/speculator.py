@@ -4,8 +4,8 @@ The draft length maximises expected tokens per unit of step time: with a per-dra
 rate a (decayed counts of this sequence's rounds), k drafts yield E(k) = (1 - a^(k+1)) / (1 - a)
 tokens for the cost of k more rows in the step's forward (`StepCosts`, measured on the running
 machine: one more row costs a lone sequence more than it costs a step already running eight),
-plus, for a draft model, the measured time of drafting k tokens. In a step shared by n
-generations the step's tokens count, not this one's: its drafts make every row wait, so the gain
+plus, for a draft model, the measured time of drafting k tokens (not of its reading a whole
+prompt before its first drafts, once a prompt). In a step shared by n generations the step's tokens count, not this one's: its drafts make every row wait, so the gain
 is (n - 1 + E(k)) / (n * cost) (E(k) / cost alone); eight generations drafting at the 40-70%
 acceptance of chat answers each judged their own tokens and together slowed a batch by 15-20%.
 Where no k beats a plain step, the round is a plain step: speculation off where it loses. Prompt
@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from mlxkv_inference.engine.proposers import Proposer, PromptLookup
+from mlxkv_inference.engine.proposers import DraftModel, Proposer, PromptLookup
 from mlxkv_inference.engine.speculation import SpeculativeParams, StepCosts
 
 DECAY = 0.9  # weight of earlier rounds in the acceptance estimate
@@ -66,7 +66,10 @@ class Speculator:
         started = time.perf_counter()
         drafts = self._proposer.propose(history, k)
         if drafts and not self._free:
-            seconds = (time.perf_counter() - started) / len(drafts)
+            spent = time.perf_counter() - started
+            if isinstance(self._proposer, DraftModel):  # once a prompt: not what drafting costs a round
+                spent -= self._proposer.catch_up_s
+            seconds = spent / len(drafts)
             self._draft_seconds = seconds if not self._draft_seconds else 0.8 * self._draft_seconds + 0.2 * seconds
         return drafts
 
