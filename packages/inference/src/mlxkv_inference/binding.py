@@ -140,8 +140,10 @@ class MlxAutoregressiveBinding:
 
         NOTE: a compiled step traced on a worker thread holds that thread's MLX stream; destroyed
         later from the main thread at interpreter exit, it aborts the process ("terminate called
-        without an active exception"). A worker thread calls this before it ends.
+        without an active exception"). A worker thread calls this before it ends, once the work
+        it left running is done (a pipelined step's, drawn for generations that then ended).
         """
+        mx.synchronize()
         self._compiled.clear()
         gc.collect()
         mx.clear_cache()
