@@ -339,32 +339,36 @@ class Generation:
         `sequences`: the generations the step feeds."""
         if not self.needs_step or self._cancelled or self._run.constrained or self._draft_model is not None:
             return False
-        n = self._emitted + len(self._ahead)  # produced once the tokens in flight are read
-        if n >= self._max_new or (self._ahead and self._checkpoint_due(self._emitted)):
+        if self._produced >= self._max_new or (self._ahead and self._checkpoint_due(self._emitted)):
             return False
-        spec = self._speculator
-        if spec is not None and self._binding.verifies_positions() \
-                and spec.plans_drafts(self._draft_limit(spec, n), sequences, sequences):
+        spec = self._speculating
+        if spec is not None and spec.plans_drafts(self._draft_limit(spec, self._produced), sequences, sequences):
             return False
         return round_fits(self.caches, 2, self._binding.kv_scheme) >= 2
 
     @property
     def ahead_ends(self) -> bool:
         """Whether reading the tokens in flight reaches max_tokens (nothing more to feed)."""
-        return bool(self._ahead) and self._emitted + len(self._ahead) >= self._max_new
+        return bool(self._ahead) and self._produced >= self._max_new
+
+    @property
+    def _produced(self) -> int:
+        """Tokens produced once the tokens in flight are read."""
+        return self._emitted + len(self._ahead)
 
     @property
     def in_flight(self) -> int:
         """Tokens a pipelined step drew and fed on, not read yet."""
         return len(self._ahead)
 
-    def ahead_input(self) -> mx.array:
-        """The (1,) token a pipelined step feeds (`runs_ahead` said it may): the last one drawn,
-        read or not. Prompt lookup guesses the one read next, where a plain step's would."""
-        spec = self._speculator
-        if spec is not None and self._binding.verifies_positions() \
-                and self._draft_limit(spec, self._emitted + len(self._ahead)) >= 1:
-            spec.plain_step(self._history())
+    def ahead_input(self, sequences: int) -> mx.array:
+        """The (1,) token a pipelined step feeds (`runs_ahead(sequences)` said it may): the last
+        one drawn, read or not. The speculator counts the step as a plain one, as it would a
+        plain step's (prompt lookup guesses the token read next)."""
+        spec = self._speculating
+        if spec is not None:
+            drafts = spec.drafts(self._history(), self._draft_limit(spec, self._produced), sequences, sequences)
+            assert not drafts, "runs_ahead found that this step drafts nothing"
         return self._run.decode_input()
 
     def draw_ahead(self, logits: mx.array) -> list[mx.array]:
@@ -405,10 +409,15 @@ class Generation:
         """Drafts for the next step, as many as may be verified in one forward exactly: within
         max_tokens, not past a checkpoint (one may fall only on a round's last token, when the
         caches hold exactly the tokens before it), and where `round_fits` allows."""
-        spec = self._speculator
-        if spec is None or not self._binding.verifies_positions():
+        spec = self._speculating
+        if spec is None:
             return []
         return spec.drafts(self._history(), self._draft_limit(spec, self._emitted), batch, sequences)
+
+    @property
+    def _speculating(self) -> Speculator | None:
+        """The speculator, where this model's forward can verify drafts exactly."""
+        return self._speculator if self._speculator is not None and self._binding.verifies_positions() else None
 
     def _draft_limit(self, spec: Speculator, n: int) -> int:
         """The most drafts a round after `n` produced tokens may verify (see `_draft`)."""

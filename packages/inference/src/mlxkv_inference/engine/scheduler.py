@@ -166,7 +166,7 @@ class BatchScheduler:
         it fed on (`Generation.read_ahead`)."""
         reading = [g for g in self.running if g.in_flight]
         try:
-            tokens = mx.concatenate([g.ahead_input() for g in feeding])
+            tokens = mx.concatenate([g.ahead_input(len(self.running)) for g in feeding])
             logits = self.binding.decode_batch(tokens, [g.caches for g in feeding])
             _mlx_lm.async_eval(*[a for i, g in enumerate(feeding) for a in g.draw_ahead(logits[i : i + 1])])
         except Exception as e:  # noqa: BLE001 - the rows fed shared the step: each of them failed

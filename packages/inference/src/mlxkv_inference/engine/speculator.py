@@ -5,8 +5,9 @@ rate a (decayed counts of this sequence's rounds), k drafts yield E(k) = (1 - a^
 tokens for the cost of k more rows in the step's forward (`StepCosts`, measured on the running
 machine: one more row costs a lone sequence more than it costs a step already running eight),
 plus, for a draft model, the measured time of drafting k tokens (not of its reading a whole
-prompt before its first drafts, once a prompt). In a step shared by n generations the step's tokens count, not this one's: its drafts make every row wait, so the gain
-is (n - 1 + E(k)) / (n * cost) (E(k) / cost alone); eight generations drafting at the 40-70%
+prompt before its first drafts, once a prompt). In a step shared by n generations the step's
+tokens count, not this one's: its drafts make every row wait, so the gain is
+(n - 1 + E(k)) / (n * cost) (E(k) / cost alone); eight generations drafting at the 40-70%
 acceptance of chat answers each judged their own tokens and together slowed a batch by 15-20%.
 Where no k beats a plain step, the round is a plain step: speculation off where it loses. Prompt
 lookup drafts cost nothing, so while off it still checks its guesses against the tokens produced
@@ -55,13 +56,13 @@ class Speculator:
         self._shadow = []
         if limit < 1:
             return []
-        k = self._length(limit, max(batch, 1), max(sequences, 1))
+        k, retry = self._plan(limit, batch, sequences)
         if k == 0:
-            self.plain_step(history)
-            if self._free or self._idle_steps < self._retry_every:
-                return []
-            k = 1
-            self._retrying = True
+            self._idle_steps += 1
+            if self._free:  # while off, prompt lookup still guesses the next token, for `observe` to check
+                self._shadow = self._proposer.propose(history, 1)
+            return []
+        self._retrying = self._retrying or retry
         self._idle_steps = 0
         started = time.perf_counter()
         drafts = self._proposer.propose(history, k)
@@ -74,21 +75,18 @@ class Speculator:
         return drafts
 
     def plans_drafts(self, limit: int, batch: int = 1, sequences: int = 1) -> bool:
-        """Whether `drafts` would draft for the next step (see there), asked before the token it
-        drafts after is known (a pipelined step; a draft model retrying is drafting)."""
-        if limit < 1:
-            return False
-        if self._length(limit, max(batch, 1), max(sequences, 1)):
-            return True
-        return not self._free and self._idle_steps + 1 >= self._retry_every
+        """Whether `drafts` with these arguments would draft, asked before the token it drafts
+        after is known (a pipelined step)."""
+        return limit >= 1 and self._plan(limit, batch, sequences)[0] > 0
 
-    def plain_step(self, history: Sequence[int]) -> None:
-        """Count a step without drafts, where `plans_drafts` said none; prompt lookup still
-        guesses the token after `history`, for `observe` to check."""
-        self._shadow = []
-        self._idle_steps += 1
-        if self._free:
-            self._shadow = self._proposer.propose(history, 1)
+    def _plan(self, limit: int, batch: int, sequences: int) -> tuple[int, bool]:
+        """(drafts the next step verifies, whether that is a draft model's retry): the adaptive
+        length; where it is none, one draft for a draft model whose plain steps, this one
+        counted, reached `_retry_every`."""
+        k = self._length(limit, max(batch, 1), max(sequences, 1))
+        if k or self._free or self._idle_steps + 1 < self._retry_every:
+            return k, False
+        return 1, True
 
     def observe(self, drafts: Sequence[int], produced: Sequence[int]) -> None:
         """Tokens a step produced (sampled by the target) after verifying `drafts`."""
