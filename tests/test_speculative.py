@@ -409,9 +409,9 @@ def test_a_draft_models_first_reading_of_the_prompt_is_not_charged_to_its_drafts
     # A clock that only the draft model's work moves: reading a long prompt takes 100 s, a draft
     # step 1 ms, against target steps of 10 ms. Charged to the first four drafts, the prompt would
     # make drafting look 25 s a token and switch it off.
-    from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK
     import time
 
+    from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK
     from mlxkv_inference.engine.proposers import DraftModel
 
     draft = make_tiny_binding("llama", seed=1)
