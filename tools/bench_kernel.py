@@ -7,7 +7,12 @@ one eval. Ratios are mlx time / native time from the same run.
 Multi-row step (`--step-rows 4 5 8 9 16`): the native decode step with that many rows per product
 (a continuous batch, or a speculative round's positions), each row count's time as a ratio to the
 first count's, and the lm_head's share; `--head-bits 8` as the embedded GGUF ships its tied head.
-Run: `uv run python -m tools.bench_kernel [--threads 1 2] [--bits 4] [--step-rows 4 5 8 9 16 --head-bits 8]`.
+Decode attention (`--attention-context 256 1024 4096`): one decode row of each of 1 and 8 sequences
+against that many positions, 30 layers with their own float32 KV (so it streams from memory as in
+the model), one eval a step: the native kernel vs MLX's `scaled_dot_product_attention` per
+sequence (as mlx-lm runs it), and the KV bytes read per second.
+Run: `uv run python -m tools.bench_kernel [--threads 1 2] [--bits 4] [--step-rows 4 5 8 9 16 --head-bits 8]
+[--attention-context 256 1024 4096]`.
 """
 
 from __future__ import annotations
@@ -135,6 +140,44 @@ def bench_step_rows(step_rows: list[int], bits: int, head_bits: int, group_size:
               f"   lm_head {hd * 1e3:6.2f} ms  x{hd / ref_head:5.2f}")
 
 
+# The embedded model's attention: query heads, kv heads, head size, layers.
+ATTENTION = (9, 3, 64, 30)
+
+
+def bench_attention(contexts: list[int], repeats: int) -> None:
+    """Native decode attention vs MLX's, 1 and 8 sequences, a step's 30 layers per eval."""
+    heads, kv_heads, dim, layers = ATTENTION
+    for sequences in (1, 8):
+        for context in contexts:
+            capacity = (context + 256) // 256 * 256  # the cache grows in 256-position steps
+            kv = [[(mx.random.normal((1, kv_heads, capacity, dim)), mx.random.normal((1, kv_heads, capacity, dim)))
+                   for _ in range(sequences)] for _ in range(layers)]
+            q = mx.random.normal((sequences, heads, dim))
+            k, v = mx.random.normal((sequences, kv_heads, dim)), mx.random.normal((sequences, kv_heads, dim))
+            positions = mx.array([context - 1] * sequences, dtype=mx.int32)
+            mx.eval(kv, q, k, v)
+
+            def native() -> list[mx.array]:
+                outs = []
+                for layer in kv:
+                    out, *written = ops.attend(q, k, v, positions, [b for pair in layer for b in pair],
+                                               [1] * sequences, dim**-0.5)
+                    layer[:] = [(written[i], written[i + 1]) for i in range(0, len(written), 2)]
+                    outs.append(out)
+                return outs
+
+            def reference() -> list[mx.array]:
+                return [mx.fast.scaled_dot_product_attention(q[i, None, :, None], pair[0][..., :context, :],
+                                                             pair[1][..., :context, :], scale=dim**-0.5)
+                        for layer in kv for i, pair in enumerate(layer)]
+
+            ref = median_s(reference, repeats)
+            took = median_s(native, repeats)
+            read = layers * sequences * 2 * kv_heads * context * dim * 4
+            print(f"  attention {sequences} x {context:5d} positions: native {took * 1e3:7.2f} ms "
+                  f"({read / took / 1e9:5.1f} GB/s of KV)  mlx {ref * 1e3:7.2f} ms  x{ref / took:5.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, ops.num_threads()])
@@ -145,10 +188,18 @@ def main() -> None:
     parser.add_argument("--head-bits", type=int, default=None, help="lm_head bits in the decode step (default: --bits)")
     parser.add_argument("--step-rows", type=int, nargs="+", default=None,
                         help="only the native decode step at these row counts, as ratios to the first")
+    parser.add_argument("--attention-context", type=int, nargs="+", default=None,
+                        help="only decode attention, against these numbers of positions")
     args = parser.parse_args()
     head_bits = args.bits if args.head_bits is None else args.head_bits
     print(f"isa {ops.isa()}, bits {args.bits}, head bits {head_bits}, group size {args.group_size}, "
           f"BLAS {mlxkv_cpu_kernels.blas_status().describe()}")
+    if args.attention_context:
+        for threads in dict.fromkeys(args.threads):
+            ops.set_num_threads(threads)
+            print(f"threads {threads}:")
+            bench_attention(args.attention_context, args.repeats)
+        return
     if args.step_rows:
         for threads in dict.fromkeys(args.threads):
             ops.set_num_threads(threads)

@@ -62,7 +62,10 @@ inline void weigh_values(const float* values, int64_t n, const float* w, int64_t
     for (int c = 0; c < C; ++c) acc[h][c] = V16::zero();
   for (int64_t t = 0; t < n; ++t) {
     V16 v[C];
-    for (int c = 0; c < C; ++c) v[c] = V16::load(values + t * D + 16 * c);
+    for (int c = 0; c < C; ++c) {
+      v[c] = V16::load(values + t * D + 16 * c);
+      if constexpr (H > 1) pin(v[c]);
+    }
     for (int h = 0; h < H; ++h) {
       const V16 wt = V16::set1(w[h * stride + t]);
       for (int c = 0; c < C; ++c) acc[h][c].fma(wt, v[c]);
@@ -78,41 +81,68 @@ inline void weigh_values(const float* values, int64_t n, const float* w, int64_t
   }
 }
 
+// w_h[t] = reduce16(fma-chain over c of q_h[16c..] * k_t[16c..]) * scale for H heads of a group
+// (queries D apart, scores `stride` apart) against keys 0..n-1: each key is loaded once for the
+// H heads, and four keys' sums reduce together, each element's chain and tree as attention.h says.
+template <int C, int H>
+inline void score_keys(const float* keys, int64_t n, const float* q, float scale, float* w, int64_t stride) {
+  constexpr int64_t D = 16 * C;
+  V16 qv[H][C];
+  for (int h = 0; h < H; ++h)
+    for (int c = 0; c < C; ++c) qv[h][c] = V16::load(q + h * D + 16 * c);
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) {  // four keys' chains side by side (each its own order)
+    V16 acc[H][4];
+    for (int h = 0; h < H; ++h)
+      for (int j = 0; j < 4; ++j) acc[h][j] = V16::zero();
+    const float* k = keys + t * D;
+    for (int c = 0; c < C; ++c) {
+      V16 k0 = V16::load(k + 16 * c), k1 = V16::load(k + D + 16 * c), k2 = V16::load(k + 2 * D + 16 * c),
+          k3 = V16::load(k + 3 * D + 16 * c);
+      if constexpr (H > 1) {
+        pin(k0), pin(k1), pin(k2), pin(k3);
+      }
+      for (int h = 0; h < H; ++h) {
+        acc[h][0].fma(qv[h][c], k0);
+        acc[h][1].fma(qv[h][c], k1);
+        acc[h][2].fma(qv[h][c], k2);
+        acc[h][3].fma(qv[h][c], k3);
+      }
+    }
+    for (int h = 0; h < H; ++h) reduce16x4_scaled(acc[h][0], acc[h][1], acc[h][2], acc[h][3], scale, w + h * stride + t);
+  }
+  for (; t < n; ++t) {
+    for (int h = 0; h < H; ++h) {
+      V16 d = V16::zero();
+      for (int c = 0; c < C; ++c) d.fma(qv[h][c], V16::load(keys + t * D + 16 * c));
+      w[h * stride + t] = reduce16(d) * scale;
+    }
+  }
+}
+
 // C = D / 16 chunks of the head, known at compile time so the accumulators stay in registers.
 template <int C>
 void attend_chunks(const AttnArgs& a, const AttnSequence& s, int64_t r, int64_t g, float* scratch) {
   constexpr int64_t D = 16 * C;
   constexpr int64_t kHeadBlock = C <= 4 ? 4 : C <= 8 ? 2 : 1;
+  // Heads scored per pass over the keys: their queries and four keys' accumulators in registers.
+  constexpr int64_t kScoreBlock = C <= 2 ? 4 : C <= 4 ? 3 : 1;
   const int64_t group = a.heads / a.kv_heads;
   const int64_t n = s.position + (r - s.first_row) + 1;
   const int64_t stride = (n + 15) / 16 * 16;
   const float* keys = s.keys + g * s.capacity * D;
   const float* values = s.values + g * s.capacity * D;
   const float* q = a.q + (r * a.heads + g * group) * D;
-  for (int64_t i = 0; i < group; ++i) {
-    V16 qv[C];
-    for (int c = 0; c < C; ++c) qv[c] = V16::load(q + i * D + 16 * c);
+  for (int64_t i = 0; i < group;) {
+    const int64_t take = group - i < kScoreBlock ? group - i : kScoreBlock;
     float* w = scratch + i * stride;
-    int64_t t = 0;
-    for (; t + 4 <= n; t += 4) {  // four keys' chains side by side (each its own order)
-      V16 d0 = V16::zero(), d1 = V16::zero(), d2 = V16::zero(), d3 = V16::zero();
-      const float* k = keys + t * D;
-      for (int c = 0; c < C; ++c) {
-        d0.fma(qv[c], V16::load(k + 16 * c));
-        d1.fma(qv[c], V16::load(k + D + 16 * c));
-        d2.fma(qv[c], V16::load(k + 2 * D + 16 * c));
-        d3.fma(qv[c], V16::load(k + 3 * D + 16 * c));
-      }
-      w[t] = reduce16(d0) * a.scale;
-      w[t + 1] = reduce16(d1) * a.scale;
-      w[t + 2] = reduce16(d2) * a.scale;
-      w[t + 3] = reduce16(d3) * a.scale;
+    switch (take) {
+      case 4: score_keys<C, (kScoreBlock >= 4 ? 4 : 1)>(keys, n, q + i * D, a.scale, w, stride); break;
+      case 3: score_keys<C, (kScoreBlock >= 3 ? 3 : 1)>(keys, n, q + i * D, a.scale, w, stride); break;
+      case 2: score_keys<C, (kScoreBlock >= 2 ? 2 : 1)>(keys, n, q + i * D, a.scale, w, stride); break;
+      default: score_keys<C, 1>(keys, n, q + i * D, a.scale, w, stride); break;
     }
-    for (; t < n; ++t) {
-      V16 d = V16::zero();
-      for (int c = 0; c < C; ++c) d.fma(qv[c], V16::load(keys + t * D + 16 * c));
-      w[t] = reduce16(d) * a.scale;
-    }
+    i += take;
   }
   float inv[kMaxGroup];
   for (int64_t i = 0; i < group; ++i) inv[i] = softmax_in_place(scratch + i * stride, n);

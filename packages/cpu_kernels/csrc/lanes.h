@@ -63,6 +63,18 @@ struct V16 {
 };
 #endif
 
+// Keeps a loaded value in registers: without it GCC folds the load into every fma that uses it,
+// loading it again for each (a loop that reuses one load across several accumulators).
+inline void pin(V16& x) {
+#if QMM_ISA == 3
+  __asm__("" : "+v"(x.v));
+#elif QMM_ISA == 2
+  __asm__("" : "+x"(x.lo), "+x"(x.hi));
+#else
+  (void)x;
+#endif
+}
+
 // The fixed reduction tree shared by all instruction sets: l[i] + l[i + 8], then + 4, + 2, + 1.
 // The SIMD paths add the same pairs in registers (halves of the vector), the portable one in scalars.
 inline float reduce16(const V16& acc) {
@@ -84,5 +96,32 @@ inline float reduce16(const V16& acc) {
   for (int i = 0; i < 4; ++i) l[i] = l[i] + l[i + 4];
   for (int i = 0; i < 2; ++i) l[i] = l[i] + l[i + 2];
   return l[0] + l[1];
+#endif
+}
+
+#if QMM_ISA == 3
+// reduce16 of four accumulators at once: the same pairs added in the same operand order
+// (l[i] + l[i + 8], then + 4, + 2, + 1), four sums per instruction. The sums of a0..a3 land in
+// lanes 0, 4, 8 and 12.
+inline __m512 reduce16x4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m512 h01 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xee));
+  const __m512 h23 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xee));
+  const __m512 h4 = _mm512_add_ps(_mm512_shuffle_f32x4(h01, h23, 0x88), _mm512_shuffle_f32x4(h01, h23, 0xdd));
+  const __m512 h2 = _mm512_add_ps(h4, _mm512_shuffle_ps(h4, h4, 0x4e));
+  return _mm512_add_ps(h2, _mm512_shuffle_ps(h2, h2, 0xb1));
+}
+#endif
+
+// out[j] = reduce16(a_j) * scale for j = 0..3: the same bits as four reduce16 calls.
+inline void reduce16x4_scaled(const V16& a0, const V16& a1, const V16& a2, const V16& a3, float scale, float* out) {
+#if QMM_ISA == 3
+  const __m512i lanes = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m128 sums = _mm512_castps512_ps128(_mm512_permutexvar_ps(lanes, reduce16x4(a0.v, a1.v, a2.v, a3.v)));
+  _mm_storeu_ps(out, _mm_mul_ps(sums, _mm_set1_ps(scale)));
+#else
+  out[0] = reduce16(a0) * scale;
+  out[1] = reduce16(a1) * scale;
+  out[2] = reduce16(a2) * scale;
+  out[3] = reduce16(a3) * scale;
 #endif
 }

@@ -199,17 +199,6 @@ void gemv_rows_range(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
 }
 
 #if QMM_ISA == 3
-// reduce16 of four accumulators at once: the same pairs added in the same operand order
-// (l[i] + l[i + 8], then + 4, + 2, + 1), four sums per instruction. The sums of a0..a3 land in
-// lanes 0, 4, 8 and 12.
-inline __m512 reduce16x4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-  const __m512 h01 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xee));
-  const __m512 h23 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xee));
-  const __m512 h4 = _mm512_add_ps(_mm512_shuffle_f32x4(h01, h23, 0x88), _mm512_shuffle_f32x4(h01, h23, 0xdd));
-  const __m512 h2 = _mm512_add_ps(h4, _mm512_shuffle_ps(h4, h4, 0x4e));
-  return _mm512_add_ps(h2, _mm512_shuffle_ps(h2, h2, 0xb1));
-}
-
 // The R x C tile's sums into y (row stride ld), four accumulators per reduce16x4; one row (the
 // GEMV) keeps reduce16 per element, which measured no slower there.
 template <int R, int C>
