@@ -15,7 +15,7 @@ import pytest
 
 from mlxkv_inference import Generation, GenerationParams, Grammar, MlxAutoregressiveBinding, SamplingParams
 from mlxkv_inference.engine.generate import ResumePoint
-from mlxkv_inference.engine.scheduler import BatchScheduler
+from mlxkv_inference.engine.scheduler import MAX_PASSED_OVER, BatchScheduler
 from mlxkv_inference.engine.speculation import StepCosts
 from mlxkv_inference.models.batched import decode_batch, rows_invariant
 from tests.factories import greedy_token, make_prompt, make_tiny_binding
@@ -349,3 +349,26 @@ def test_a_batch_of_native_and_quantized_kv_rows_gives_every_sequence_its_tokens
     expected = alone(binding, specs)
     assert scheduled(BatchScheduler(binding, max_batch=6, prefill_budget=8), binding, specs) == expected
     assert mixed_steps
+
+
+def test_a_long_prompt_under_a_stream_of_short_ones_still_prefills() -> None:
+    """Least-prompt-left-first alone would give every step to the short prompt that arrived
+    last: a long prompt passed over `MAX_PASSED_OVER` steps in a row takes the next turn, which
+    the next short prompt waiting does not stop."""
+    binding = tiny("llama", False)
+    params = GenerationParams(max_tokens=1, prefill_chunk=8, ignore_eos=True)
+    long = Generation(binding, make_prompt(120, seed=1), params)
+    scheduler = BatchScheduler(binding, max_batch=4, prefill_budget=8)  # one chunk a step
+    scheduler.add(long)
+    shorts = []
+    steps = 5 * (MAX_PASSED_OVER + 1)
+    for step in range(steps):
+        shorts.append(Generation(binding, make_prompt(5, seed=10 + step), params))
+        scheduler.add(shorts[-1])
+        scheduler.step(arrival=lambda: 5)
+    assert long.prefilling and long.prefill_left <= 120 - 8 * (steps // (MAX_PASSED_OVER + 1))
+    while scheduler.running:
+        scheduler.step()
+    for generation in (long, *shorts):
+        assert generation.result is not None
+        assert generation.result.token_ids == Generation(binding, generation.prompt, params).run().token_ids

@@ -1,7 +1,8 @@
 """Continuous batching: many generations share each step, each token what it would be alone.
 
     step:  prefill  the prefilling generations with the least prompt left first (the least
-                    prefill time left, under a time bound), within the step's token budget
+                    prefill time left, under a time bound), within the step's token budget;
+                    a prompt passed over in MAX_PASSED_OVER steps in a row goes first
            decode   one token for every generation past its prefill, as one batched step:
                     stacked rows through every linear, attention per row against its own caches;
                     a generation speculating this step brings its drafts as more rows (its own
@@ -40,6 +41,9 @@ from mlxkv_inference.engine.generate import Generation, TextDelta
 DEFAULT_MAX_BATCH = 8
 MIN_TIMED_CHUNK = 8  # the fewest prompt tokens a time-bounded prefill step feeds
 WHOLE_STEPS = 1.5  # a prompt's rest estimated within this many step times is fed whole (see `_prefill`)
+# Steps in a row a prompt may wait while others prefill before its next chunk comes first (see
+# `_prefill`): under a stream of shorter prompts a long one still gets one step in this many + 1.
+MAX_PASSED_OVER = 4
 Arrival = Callable[[], int | None]  # the prompt tokens of a request waiting to start after this step (None: none)
 
 
@@ -87,6 +91,7 @@ class BatchScheduler:
         self.largest_batch = 0  # the most generations one step has run
         self._steps = 0
         self._prefilled_at: dict[int, int] = {}  # generation -> when it last got a prefill chunk
+        self._passed_over: dict[int, int] = {}  # generation -> steps in a row others prefilled and it did not
 
     @property
     def has_room(self) -> bool:
@@ -138,6 +143,7 @@ class BatchScheduler:
             if outcome.finished or outcome.error is not None:
                 self.running.remove(generation)
                 self._prefilled_at.pop(id(generation), None)
+                self._passed_over.pop(id(generation), None)
                 self._token_seconds.pop(id(generation), None)
             result.append(outcome)
         return result
@@ -206,20 +212,26 @@ class BatchScheduler:
         With a time bound the order is the least prefill time left (a token costs more the
         deeper its context: the tail of a long prompt can outlast a whole new short one), and
         the bound is the step's: a turn gets the time the turns before it left, if that affords
-        a timed chunk."""
+        a timed chunk.
+
+        That order alone would starve a long prompt while shorter ones keep arriving; one passed
+        over in `MAX_PASSED_OVER` steps in a row goes first, and no arrival stops its chunk."""
         budget = self.prefill_budget
         waiting = [g for g in self.running if id(g) not in outcomes and g.prefilling]
         splittable = bool(waiting) and self.binding.verifies_positions()
         timed = splittable and self.prefill_step_s > 0
         deadline = time.perf_counter() + self.prefill_step_s
         completed, turns = False, 0
-        for generation in sorted(waiting, key=lambda g: self._prefill_order(g, timed)):
+        served: set[int] = set()  # generations given a turn this step
+        for generation in sorted(waiting, key=lambda g: (not self._starved(g), *self._prefill_order(g, timed))):
             take = min(generation.prefill_chunk, budget) if splittable else generation.prefill_chunk
             if budget <= 0 or (completed and (generation.prefill_left > budget or generation.unevaluated)):
                 break
-            interrupt = None if arrival is None else self._sooner_arrival(arrival, generation, timed)
+            starved = self._starved(generation)
+            interrupt = None if arrival is None or starved else self._sooner_arrival(arrival, generation, timed)
             if generation.unevaluated:  # an interrupt stopped its last chunk: that comes first, untimed
                 turns += 1
+                served.add(id(generation))
                 owed = generation.unevaluated
                 try:
                     if not generation.finish_chunk(interrupt):
@@ -245,6 +257,7 @@ class BatchScheduler:
                     if not whole:
                         take = min(take, max(MIN_TIMED_CHUNK, int(left_s / seconds)))
             turns += 1
+            served.add(id(generation))
             self._steps += 1
             self._prefilled_at[id(generation)] = self._steps
             started = time.perf_counter()
@@ -262,6 +275,12 @@ class BatchScheduler:
                     self._fresh_seconds = measured
                 self._token_seconds[id(generation)] = measured
             completed = completed or not generation.prefilling
+        for generation in waiting:
+            passed = turns > 0 and id(generation) not in served
+            self._passed_over[id(generation)] = self._passed_over.get(id(generation), 0) + 1 if passed else 0
+
+    def _starved(self, generation: Generation) -> bool:
+        return self._passed_over.get(id(generation), 0) >= MAX_PASSED_OVER
 
     def _sooner_arrival(self, arrival: Arrival, generation: Generation, timed: bool) -> Interrupt:
         """Whether a newcomer would go before the rest of `generation`'s prefill in the next
