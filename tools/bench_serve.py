@@ -9,7 +9,8 @@ concurrent sequences to the end (most of these prompts' answers end within 20-30
 batch of two or three); `--stop-at-eos` lets answers end.
 
 Then TTFT under a long prefill, on the `--max-batch 8` server: a short request's TTFT on the idle
-server against the p99 TTFT of short requests arriving while a 2,000-token prompt prefills.
+server against the p99 TTFT of short requests arriving while a 2,000-token prompt prefills, and
+that long prompt's time to first token against one's on the idle server (what the shorts cost it).
 Run: `uv run python -m tools.bench_serve [--max-tokens N] [--streams 1,2,4,8] [--long-prompt 2000]`;
 `--long-only` runs only the long-prefill measurement.
 
@@ -231,17 +232,22 @@ LONG_TOKEN_BASE = 1000  # long prompts are token ids of ordinary words in the em
 LONG_TOKEN_SPAN = 8000
 
 
-def long_prefill(url: str, prompt_tokens: int, rounds: int) -> tuple[list[float], list[float], list[float]]:
+def long_prefill(url: str, prompt_tokens: int, rounds: int) -> tuple[list[float], list[float], list[float], float]:
     """(TTFTs of a short request on the idle server; TTFTs of short requests sent one after another
     while a `prompt_tokens`-token prompt prefills, over `rounds` long prompts; seconds each long
-    prompt took to its first token)."""
+    prompt took to its first token; seconds one took on the idle server)."""
     idle = [timed_stream(url, "/v1/chat/completions", short_body())[0] for _ in range(IDLE_SAMPLES)]
+    long_idle = timed_stream(url, "/v1/completions", long_body(prompt_tokens, rounds))[0]
     busy: list[float] = []
     long_ttfts: list[float] = []
     for round_ in range(rounds):
-        tokens = [LONG_TOKEN_BASE + (7 * round_ + i) % LONG_TOKEN_SPAN for i in range(prompt_tokens)]
-        long_ttfts.append(shorts_during(url, {"prompt": tokens, "max_tokens": 1, "temperature": 0}, statistics.median(idle), busy))
-    return idle, busy, long_ttfts
+        long_ttfts.append(shorts_during(url, long_body(prompt_tokens, round_), statistics.median(idle), busy))
+    return idle, busy, long_ttfts, long_idle
+
+
+def long_body(prompt_tokens: int, round_: int) -> dict[str, Any]:
+    tokens = [LONG_TOKEN_BASE + (7 * round_ + i) % LONG_TOKEN_SPAN for i in range(prompt_tokens)]
+    return {"prompt": tokens, "max_tokens": 1, "temperature": 0}
 
 
 def shorts_during(url: str, long_body: dict[str, Any], idle_ttft: float, busy: list[float]) -> float:
@@ -275,7 +281,8 @@ def short_body() -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": SHORT_PROMPT}], "max_tokens": 2, "temperature": 0}
 
 
-def print_long_prefill(prompt_tokens: int, idle: list[float], busy: list[float], long_ttfts: list[float]) -> None:
+def print_long_prefill(prompt_tokens: int, idle: list[float], busy: list[float], long_ttfts: list[float],
+                       long_idle: float) -> None:
     idle_ttft = statistics.median(idle)
     print(f"TTFT of a short request ({SHORT_PROMPT!r}) on the idle --max-batch 8 server, median of {len(idle)}: "
           f"{idle_ttft:.3f} s")
@@ -283,7 +290,8 @@ def print_long_prefill(prompt_tokens: int, idle: list[float], busy: list[float],
         print(f"  no short request arrived during the {prompt_tokens}-token prefill")
         return
     p99 = percentile(busy, 0.99)
-    print(f"  {len(long_ttfts)} {prompt_tokens}-token prompts, TTFT median {statistics.median(long_ttfts):.2f} s; "
+    print(f"  {len(long_ttfts)} {prompt_tokens}-token prompts, TTFT median {statistics.median(long_ttfts):.2f} s "
+          f"({statistics.median(long_ttfts) / long_idle:.2f}x one on the idle server, {long_idle:.2f} s); "
           f"{len(busy)} short requests arriving during their prefill: TTFT p50 {statistics.median(busy):.3f} s, "
           f"p99 {p99:.3f} s; p99 / idle = {p99 / idle_ttft:.2f}x (target <= 2x)")
 
