@@ -226,9 +226,10 @@ inline void store_sums(const __m512 (&acc)[R][C], float* y, int64_t ld) {
 // gemv_rows for 8-bit codes on AVX-512, with the scale type fixed at compile time and x kept in
 // registers across the C columns (so up to 8 rows x 2 columns fit the 32 registers without
 // reloading x per column). Same dequantization, same fma chain, same bits as gemv_rows.
-template <int R, int C, typename P>
+template <int R, int C, typename P, int kBlocks>
 void rows8_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
-  const int64_t row_bytes = a.K, groups = a.K / a.group_size, blocks_per_group = a.group_size / 32;
+  const int64_t row_bytes = a.K, groups = a.K / a.group_size;
+  const int64_t blocks_per_group = kBlocks > 0 ? kBlocks : a.group_size / 32;
   const float* x = a.x + m * a.K;
   const uint8_t* w = a.w + n * row_bytes;
   const uint8_t* next = w + ahead * row_bytes + 256;  // the rows `ahead` columns on, 4 lines ahead
@@ -292,9 +293,10 @@ inline __m512 group_table(const P* scales, const P* biases, int64_t g) {
 // x stays in registers across the C columns. Every element is gemv_rows' chain (same weights,
 // same fma order), so a row gets the same bits alone, among a speculative round's positions or
 // in a batch. `ahead` as in gemv_rows.
-template <int R, int C, typename P>
+template <int R, int C, typename P, int kBlocks>
 void rows4_table(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
-  const int64_t row_bytes = a.K / 2, groups = a.K / a.group_size, blocks_per_group = a.group_size / 32;
+  const int64_t row_bytes = a.K / 2, groups = a.K / a.group_size;
+  const int64_t blocks_per_group = kBlocks > 0 ? kBlocks : a.group_size / 32;
   const float* x = a.x + m * a.K;
   const uint8_t* w = a.w + n * row_bytes;
   const uint8_t* next = w + ahead * row_bytes + 256;  // the rows `ahead` columns on, 4 lines ahead
@@ -332,12 +334,25 @@ void rows4_table(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
   store_sums<R, C>(acc, a.y + m * a.N + n, a.N);
 }
 
+// kernel.operator()<P, B>() for this product: P the scales' type, B the blocks of 32 codes per
+// group where groups are 32 wide (GGUF's), so the block loop's count is known at compile time
+// (measured ~10% faster at 8 rows), else 0 (read from the arguments).
+template <class Kernel>
+inline void with_layout(const QmmArgs& a, Kernel&& kernel) {
+  const bool narrow = a.group_size == 32;
+  if (a.scales_f16) {
+    narrow ? kernel.template operator()<uint16_t, 1>() : kernel.template operator()<uint16_t, 0>();
+  } else {
+    narrow ? kernel.template operator()<float, 1>() : kernel.template operator()<float, 0>();
+  }
+}
+
 // The one-row GEMV with the table: 4 columns at a time, each call prefetching the next one's.
-template <typename P>
+template <typename P, int B>
 void gemv_table(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
   int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) rows4_table<1, 4, P>(a, m, n, 4);
-  for (; n < n1; ++n) rows4_table<1, 1, P>(a, m, n, 1);
+  for (; n + 4 <= n1; n += 4) rows4_table<1, 4, P, B>(a, m, n, 4);
+  for (; n < n1; ++n) rows4_table<1, 1, P, B>(a, m, n, 1);
 }
 #endif
 
@@ -346,19 +361,11 @@ template <int R, int C>
 void row_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
 #if QMM_ISA == 3
   if (a.bits == 4) {
-    if (a.scales_f16) {
-      rows4_table<R, C, uint16_t>(a, m, n, ahead);
-    } else {
-      rows4_table<R, C, float>(a, m, n, ahead);
-    }
+    with_layout(a, [&]<typename P, int B>() { rows4_table<R, C, P, B>(a, m, n, ahead); });
     return;
   }
   if (a.bits == 8) {
-    if (a.scales_f16) {
-      rows8_tile<R, C, uint16_t>(a, m, n, ahead);
-    } else {
-      rows8_tile<R, C, float>(a, m, n, ahead);
-    }
+    with_layout(a, [&]<typename P, int B>() { rows8_tile<R, C, P, B>(a, m, n, ahead); });
     return;
   }
 #endif
@@ -429,11 +436,7 @@ void few_rows(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1) 
 void run_gemv(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
 #if QMM_ISA == 3
   if (a.bits == 4) {
-    if (a.scales_f16) {
-      gemv_table<uint16_t>(a, n0, n1, m);
-    } else {
-      gemv_table<float>(a, n0, n1, m);
-    }
+    with_layout(a, [&]<typename P, int B>() { gemv_table<P, B>(a, n0, n1, m); });
     return;
   }
 #endif
