@@ -318,7 +318,8 @@ def test_adaptive_length_turns_speculation_off_where_drafts_miss_and_back_on() -
     costs.record(1, 1.0)
     for rows in range(2, 8):
         costs.record(rows, 1.0 + 0.1 * (rows - 1))
-    speculator = Speculator(SpeculativeParams(mode="prompt_lookup", num_draft_tokens=6), PromptLookup(), costs)
+    params = SpeculativeParams(mode="prompt_lookup", num_draft_tokens=6)
+    speculator = Speculator(params, PromptLookup(params.ngram_min, params.ngram_max), costs)
     history = [1, 2, 3, 1, 2, 3, 1, 2]
     assert speculator.drafts(history, 6) != []
     for _ in range(20):  # every draft misses

@@ -35,7 +35,7 @@ class PromptLookup:
     The index grows with the history (a few dict writes a token), so a lookup costs O(ngram_max).
     """
 
-    def __init__(self, ngram_min: int = 1, ngram_max: int = 3) -> None:
+    def __init__(self, ngram_min: int, ngram_max: int) -> None:  # defaults: SpeculativeParams'
         self._sizes = range(ngram_max, ngram_min - 1, -1)
         self._tokens: list[int] = []
         # n -> n-gram -> start of its latest occurrence that has a token after it
