@@ -347,12 +347,18 @@ inline void with_layout(const QmmArgs& a, Kernel&& kernel) {
   }
 }
 
-// The one-row GEMV with the table: 4 columns at a time, each call prefetching the next one's.
+// The one-row GEMV on the tiles (4-bit: the table): 4 columns at a time, each call prefetching
+// the next one's.
 template <typename P, int B>
-void gemv_table(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
+void gemv_tiles(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
   int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) rows4_table<1, 4, P, B>(a, m, n, 4);
-  for (; n < n1; ++n) rows4_table<1, 1, P, B>(a, m, n, 1);
+  if (a.bits == 4) {
+    for (; n + 4 <= n1; n += 4) rows4_table<1, 4, P, B>(a, m, n, 4);
+    for (; n < n1; ++n) rows4_table<1, 1, P, B>(a, m, n, 1);
+  } else {
+    for (; n + 4 <= n1; n += 4) rows8_tile<1, 4, P, B>(a, m, n, 4);
+    for (; n < n1; ++n) rows8_tile<1, 1, P, B>(a, m, n, 1);
+  }
 }
 #endif
 
@@ -435,8 +441,8 @@ void few_rows(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1) 
 
 void run_gemv(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
 #if QMM_ISA == 3
-  if (a.bits == 4) {
-    with_layout(a, [&]<typename P, int B>() { gemv_table<P, B>(a, n0, n1, m); });
+  if (a.bits == 4 || a.bits == 8) {
+    with_layout(a, [&]<typename P, int B>() { gemv_tiles<P, B>(a, n0, n1, m); });
     return;
   }
 #endif
