@@ -78,13 +78,16 @@ def test_a_row_is_bitwise_the_same_fed_alone_in_a_chunk_or_next_to_other_sequenc
     assert mx.array_equal(mx.concatenate([first, second[3:]]), together).item()
 
 
-@pytest.mark.parametrize("dim", [64, 128, 256])
+# Query heads per kv head 3, 4, 5, 6 and 2 at head sizes 16..256: every block of heads the kernel
+# scores together (4 at once up to 32 dims, 3 up to 64, then 1) and their remainders.
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"),
+                         [(9, 3, 64), (9, 3, 128), (9, 3, 256), (8, 2, 32), (10, 2, 16), (12, 2, 64), (4, 2, 48)])
 def test_every_instruction_set_and_thread_count_gives_the_same_bits(
-        dim: int, every_isa_and_thread_count: Callable[[], Iterator[tuple[str, int]]]) -> None:
-    q, k, v = tensors(300, 9, 3, dim, seed=5)  # enough work to split over threads; 300: a tail of keys
-    reference, _ = attend(q, k, v, [0], empty(3, dim, 512), [300])
+        heads: int, kv_heads: int, dim: int, every_isa_and_thread_count: Callable[[], Iterator[tuple[str, int]]]) -> None:
+    q, k, v = tensors(300, heads, kv_heads, dim, seed=5)  # enough work to split over threads; 300: a tail of keys
+    reference, _ = attend(q, k, v, [0], empty(kv_heads, dim, 512), [300])
     for setting in every_isa_and_thread_count():
-        assert mx.array_equal(attend(q, k, v, [0], empty(3, dim, 512), [300])[0], reference).item(), setting
+        assert mx.array_equal(attend(q, k, v, [0], empty(kv_heads, dim, 512), [300])[0], reference).item(), setting
 
 
 def test_a_buffer_someone_still_holds_is_copied_not_overwritten() -> None:

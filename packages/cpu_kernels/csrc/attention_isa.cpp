@@ -100,7 +100,10 @@ inline void score_keys(const float* keys, int64_t n, const float* q, float scale
       V16 k0 = V16::load(k + 16 * c), k1 = V16::load(k + D + 16 * c), k2 = V16::load(k + 2 * D + 16 * c),
           k3 = V16::load(k + 3 * D + 16 * c);
       if constexpr (H > 1) {
-        pin(k0), pin(k1), pin(k2), pin(k3);
+        pin(k0);
+        pin(k1);
+        pin(k2);
+        pin(k3);
       }
       for (int h = 0; h < H; ++h) {
         acc[h][0].fma(qv[h][c], k0);
@@ -125,8 +128,9 @@ template <int C>
 void attend_chunks(const AttnArgs& a, const AttnSequence& s, int64_t r, int64_t g, float* scratch) {
   constexpr int64_t D = 16 * C;
   constexpr int64_t kHeadBlock = C <= 4 ? 4 : C <= 8 ? 2 : 1;
-  // Heads scored per pass over the keys: their queries and four keys' accumulators in registers.
-  constexpr int64_t kScoreBlock = C <= 2 ? 4 : C <= 4 ? 3 : 1;
+  // Heads scored per pass over the keys: their queries and four keys' accumulators in AVX-512's
+  // 32 registers (AVX2's 16 hold one head's).
+  constexpr int64_t kScoreBlock = QMM_ISA == 3 ? (C <= 2 ? 4 : C <= 4 ? 3 : 1) : 1;
   const int64_t group = a.heads / a.kv_heads;
   const int64_t n = s.position + (r - s.first_row) + 1;
   const int64_t stride = (n + 15) / 16 * 16;
