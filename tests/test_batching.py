@@ -351,22 +351,29 @@ def test_a_batch_of_native_and_quantized_kv_rows_gives_every_sequence_its_tokens
     assert mixed_steps
 
 
-def test_a_long_prompt_under_a_stream_of_short_ones_still_prefills() -> None:
-    """Least-prompt-left-first alone would give every step to the short prompt that arrived
-    last: a long prompt passed over `MAX_PASSED_OVER` steps in a row takes the next turn, which
-    the next short prompt waiting does not stop."""
+@pytest.mark.parametrize("max_batch", [4, 8])
+def test_a_long_prompt_under_a_stream_of_short_ones_still_prefills(max_batch: int) -> None:
+    """Least-prompt-left-first alone would give every step to a short prompt: a long prompt passed
+    over `MAX_PASSED_OVER` steps in a row takes the next turn, which the next short prompt waiting
+    does not stop. With 8 in the batch and room for one short prompt a step, shorts starve too:
+    the longest passed over goes first, so they cannot keep the long one waiting either."""
     binding = tiny("llama", False)
     params = GenerationParams(max_tokens=1, prefill_chunk=8, ignore_eos=True)
     long = Generation(binding, make_prompt(120, seed=1), params)
-    scheduler = BatchScheduler(binding, max_batch=4, prefill_budget=8)  # one chunk a step
+    scheduler = BatchScheduler(binding, max_batch=max_batch, prefill_budget=8 if max_batch == 4 else 4)
     scheduler.add(long)
-    shorts = []
+    before, chunk = long.prefill_left, scheduler.prefill_budget
+    shorts: list[Generation] = []
     steps = 5 * (MAX_PASSED_OVER + 1)
     for step in range(steps):
-        shorts.append(Generation(binding, make_prompt(5, seed=10 + step), params))
-        scheduler.add(shorts[-1])
+        while scheduler.has_room:  # a request waits for every free place
+            shorts.append(Generation(binding, make_prompt(5, seed=10 + len(shorts)), params))
+            scheduler.add(shorts[-1])
         scheduler.step(arrival=lambda: 5)
-    assert long.prefilling and long.prefill_left <= 120 - 8 * (steps // (MAX_PASSED_OVER + 1))
+    # A turn every MAX_PASSED_OVER + 1 steps; with starved shorts, once it has waited longer than
+    # every short in the batch.
+    turns = steps // (max(max_batch, MAX_PASSED_OVER) + 1)
+    assert long.prefilling and before - long.prefill_left >= chunk * turns
     while scheduler.running:
         scheduler.step()
     for generation in (long, *shorts):

@@ -223,7 +223,7 @@ class BatchScheduler:
         deadline = time.perf_counter() + self.prefill_step_s
         completed, turns = False, 0
         served: set[int] = set()  # generations given a turn this step
-        for generation in sorted(waiting, key=lambda g: (not self._starved(g), *self._prefill_order(g, timed))):
+        for generation in sorted(waiting, key=lambda g: (*self._starvation(g), *self._prefill_order(g, timed))):
             take = min(generation.prefill_chunk, budget) if splittable else generation.prefill_chunk
             if budget <= 0 or (completed and (generation.prefill_left > budget or generation.unevaluated)):
                 break
@@ -277,14 +277,22 @@ class BatchScheduler:
             completed = completed or not generation.prefilling
         for generation in waiting:
             passed = turns > 0 and id(generation) not in served
-            self._passed_over[id(generation)] = self._passed_over.get(id(generation), 0) + 1 if passed else 0
+            self._passed_over[id(generation)] = (self._passed_over.get(id(generation), 0) + 1) if passed else 0
 
     def _starved(self, generation: Generation) -> bool:
         return self._passed_over.get(id(generation), 0) >= MAX_PASSED_OVER
 
+    def _starvation(self, generation: Generation) -> tuple[bool, int]:
+        """Sorts starved generations first, the longest passed over first (a starved short prompt
+        must not keep a starved long one waiting: once it completes, the step stops at the long
+        one), the others as equals."""
+        starved = self._starved(generation)
+        return not starved, -self._passed_over[id(generation)] if starved else 0
+
     def _sooner_arrival(self, arrival: Arrival, generation: Generation, timed: bool) -> Interrupt:
         """Whether a newcomer would go before the rest of `generation`'s prefill in the next
-        step (by `_prefill_order`'s measure: estimated time where steps are timed, else tokens)."""
+        step by `_prefill_order`'s measure (estimated time where steps are timed, else tokens; a
+        starved prompt, see `_prefill`, still goes before both)."""
 
         def interrupt() -> bool:
             tokens = arrival()
