@@ -107,14 +107,18 @@ inline __m512 reduce16x4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
   const __m512 h2 = _mm512_add_ps(h4, _mm512_shuffle_ps(h4, h4, 0x4e));
   return _mm512_add_ps(h2, _mm512_shuffle_ps(h2, h2, 0xb1));
 }
+
+// The four sums of reduce16x4, in order.
+inline __m128 reduce16x4_sums(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m512i lanes = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(lanes, reduce16x4(a0, a1, a2, a3)));
+}
 #endif
 
 // out[j] = reduce16(a_j) * scale for j = 0..3: the same bits as four reduce16 calls.
 inline void reduce16x4_scaled(const V16& a0, const V16& a1, const V16& a2, const V16& a3, float scale, float* out) {
 #if QMM_ISA == 3
-  const __m512i lanes = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m128 sums = _mm512_castps512_ps128(_mm512_permutexvar_ps(lanes, reduce16x4(a0.v, a1.v, a2.v, a3.v)));
-  _mm_storeu_ps(out, _mm_mul_ps(sums, _mm_set1_ps(scale)));
+  _mm_storeu_ps(out, _mm_mul_ps(reduce16x4_sums(a0.v, a1.v, a2.v, a3.v), _mm_set1_ps(scale)));
 #else
   out[0] = reduce16(a0) * scale;
   out[1] = reduce16(a1) * scale;

@@ -209,14 +209,13 @@ inline void store_sums(const __m512 (&acc)[R][C], float* y, int64_t ld) {
     for (int c = 0; c < C; ++c) y[c] = reduce16(V16{acc[0][c]});
     return;
   }
-  const __m512i lanes = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
 #pragma GCC unroll 8
   for (int i = 0; i < R * C; i += 4) {
     __m512 v[4];
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) v[j] = i + j < R * C ? acc[(i + j) / C][(i + j) % C] : _mm512_setzero_ps();
     float sums[4];
-    _mm_storeu_ps(sums, _mm512_castps512_ps128(_mm512_permutexvar_ps(lanes, reduce16x4(v[0], v[1], v[2], v[3]))));
+    _mm_storeu_ps(sums, reduce16x4_sums(v[0], v[1], v[2], v[3]));
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j)
       if (i + j < R * C) y[(i + j) / C * ld + (i + j) % C] = sums[j];
@@ -355,7 +354,7 @@ void gemv_tiles(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
   if (a.bits == 4) {
     for (; n + 4 <= n1; n += 4) rows4_table<1, 4, P, B>(a, m, n, 4);
     for (; n < n1; ++n) rows4_table<1, 1, P, B>(a, m, n, 1);
-  } else {
+  } else {  // 8-bit
     for (; n + 4 <= n1; n += 4) rows8_tile<1, 4, P, B>(a, m, n, 4);
     for (; n < n1; ++n) rows8_tile<1, 1, P, B>(a, m, n, 1);
   }
