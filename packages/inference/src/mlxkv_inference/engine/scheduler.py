@@ -215,7 +215,8 @@ class BatchScheduler:
         a timed chunk.
 
         That order alone would starve a long prompt while shorter ones keep arriving; one passed
-        over in `MAX_PASSED_OVER` steps in a row goes first, and no arrival stops its chunk."""
+        over in `MAX_PASSED_OVER` steps in a row goes first (of several, the longest passed over;
+        see `_starvation`), and no arrival stops its chunk."""
         budget = self.prefill_budget
         waiting = [g for g in self.running if id(g) not in outcomes and g.prefilling]
         splittable = bool(waiting) and self.binding.verifies_positions()
