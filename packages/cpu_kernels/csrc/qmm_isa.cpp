@@ -162,7 +162,7 @@ inline void prefetch_next_rows(const uint8_t* next_rows, int64_t block, int byte
 // row gets the same bits alone or among a few. `ahead` > 0 prefetches the C columns that far on;
 // 0 when the caller knows they are already cached.
 template <int R, int C>
-void gemv_rows(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead = C) {
+void gemv_rows(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
   const int64_t row_bytes = a.K * a.bits / 8, groups = a.K / a.group_size;
   const float* x = a.x + m * a.K;
   V16 acc[R][C];
@@ -189,13 +189,6 @@ void gemv_rows(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead = C) {
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) a.y[(m + r) * a.N + n + c] = reduce16(acc[r][c]);
-}
-
-template <int R>
-void gemv_rows_range(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
-  int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) gemv_rows<R, 4>(a, m, n);
-  for (; n < n1; ++n) gemv_rows<R, 1>(a, m, n);
 }
 
 #if QMM_ISA == 3
@@ -345,23 +338,9 @@ inline void with_layout(const QmmArgs& a, Kernel&& kernel) {
     narrow ? kernel.template operator()<float, 1>() : kernel.template operator()<float, 0>();
   }
 }
-
-// The one-row GEMV on the tiles (4-bit: the table): 4 columns at a time, each call prefetching
-// the next one's.
-template <typename P, int B>
-void gemv_tiles(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
-  int64_t n = n0;
-  if (a.bits == 4) {
-    for (; n + 4 <= n1; n += 4) rows4_table<1, 4, P, B>(a, m, n, 4);
-    for (; n < n1; ++n) rows4_table<1, 1, P, B>(a, m, n, 1);
-  } else {  // 8-bit
-    for (; n + 4 <= n1; n += 4) rows8_tile<1, 4, P, B>(a, m, n, 4);
-    for (; n < n1; ++n) rows8_tile<1, 1, P, B>(a, m, n, 1);
-  }
-}
 #endif
 
-// One R x C tile of few_rows: the AVX-512 kernels where there is one, else gemv_rows.
+// One R x C tile of few_rows or the GEMV: the AVX-512 kernels where there is one, else gemv_rows.
 template <int R, int C>
 void row_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
 #if QMM_ISA == 3
@@ -438,14 +417,11 @@ void few_rows(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1) 
   }
 }
 
+// One row: 4 columns at a time, each tile prefetching the next one's.
 void run_gemv(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m) {
-#if QMM_ISA == 3
-  if (a.bits == 4 || a.bits == 8) {
-    with_layout(a, [&]<typename P, int B>() { gemv_tiles<P, B>(a, n0, n1, m); });
-    return;
-  }
-#endif
-  gemv_rows_range<1>(a, n0, n1, m);
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) row_tile<1, 4>(a, m, n, 4);
+  for (; n < n1; ++n) row_tile<1, 1>(a, m, n, 1);
 }
 
 void run_range(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1, float* panel) {
