@@ -1,5 +1,6 @@
-"""The native activation kernels (mlxkv-cpu-kernels `swiglu` and `log_softmax`) against MLX's
-silu(gate) * up and x - logsumexp(x), and the MLP classes SwiGLU serves on the native path.
+"""The native activation kernels (mlxkv-cpu-kernels `swiglu`, `log_softmax` and `rms_norm`) against
+MLX's silu(gate) * up, x - logsumexp(x) and `mx.fast.rms_norm`, and the MLP and norm classes they
+serve on the native path.
 
 The models' use of them in batched, speculative and compiled steps (and the sampler's) is pinned
 by the native tiny models of test_batching.py and test_speculative.py, built through the binding.
@@ -23,6 +24,7 @@ from mlx_lm.models import llama
 from mlxkv_cpu_kernels import ops
 
 from mlxkv_inference.models.native_mlp import NativeSwigluMixin, use_native_swiglu
+from mlxkv_inference.models.native_norm import NativeRmsNormMixin, use_native_rms_norm
 from tests.factories import make_tiny_binding
 
 
@@ -57,11 +59,13 @@ def test_every_instruction_set_and_thread_count_gives_the_same_bits(
         every_isa_and_thread_count: Callable[[], Iterator[tuple[str, int]]]) -> None:
     gate, up = gate_and_up((64, 1541), seed=3)  # enough elements to split over threads, and a tail
     logits = gate * 3
-    reference = [ops.swiglu(gate, up), ops.log_softmax(logits)]
+    weight = up[0]
+    reference = [ops.swiglu(gate, up), ops.log_softmax(logits), ops.rms_norm(gate, weight, 1e-5)]
     mx.eval(reference)
     for setting in every_isa_and_thread_count():
         assert mx.array_equal(ops.swiglu(gate, up), reference[0]).item(), setting
         assert mx.array_equal(ops.log_softmax(logits), reference[1]).item(), setting
+        assert mx.array_equal(ops.rms_norm(gate, weight, 1e-5), reference[2]).item(), setting
 
 
 @pytest.mark.parametrize("shape", [(1, 49152), (8, 1000), (3, 5), (17,)])
@@ -85,10 +89,36 @@ def test_log_softmax_rows_are_their_own_and_masked_tokens_stay_minus_infinity() 
     assert mx.allclose(mx.exp(together).sum(axis=-1), mx.ones((9,)), atol=1e-5).item()
 
 
+@pytest.mark.parametrize(("shape", "eps"), [((1, 576), 1e-5), ((8, 1, 576), 1e-5), ((3, 37), 1e-6), ((2, 4, 64), 1e-6), ((5,), 0.0)])
+def test_rms_norm_matches_mlx(shape: tuple[int, ...], eps: float) -> None:
+    x, up = gate_and_up(shape, seed=9)
+    weight = up.reshape(-1, shape[-1])[0]
+    assert mx.allclose(ops.rms_norm(x, weight, eps), mx.fast.rms_norm(x, weight, eps), rtol=1e-5, atol=1e-6).item()
+
+
+def test_rms_norm_rows_are_their_own_and_strided_input_is_read_in_place() -> None:
+    x, up = gate_and_up((9, 576), seed=10)
+    weight = up[0]
+    together = ops.rms_norm(x, weight, 1e-5)
+    for row in (0, 4, 8):
+        assert mx.array_equal(ops.rms_norm(x[row : row + 1], weight, 1e-5), together[row : row + 1]).item()
+    assert mx.array_equal(ops.rms_norm(x.T.T + 0, weight, 1e-5), together).item()
+    wide = mx.concatenate([x, x], axis=1)[:, ::2]  # strided rows: gathered, the same values
+    assert mx.array_equal(ops.rms_norm(wide, weight, 1e-5), ops.rms_norm(wide + 0, weight, 1e-5)).item()
+    assert mx.array_equal(ops.rms_norm(x, mx.concatenate([weight, weight])[::2], 1e-5),
+                          ops.rms_norm(x, mx.concatenate([weight, weight])[::2] + 0, 1e-5)).item()
+    assert mx.array_equal(ops.rms_norm(mx.zeros((2, 32)), mx.ones((32,)), 1e-5), mx.zeros((2, 32))).item()
+
+
 def test_compiled_matches_eager() -> None:
     gate, up = gate_and_up((4, 96), seed=4)
     assert mx.array_equal(mx.compile(ops.swiglu)(gate, up), ops.swiglu(gate, up)).item()
     assert mx.array_equal(mx.compile(ops.log_softmax)(gate), ops.log_softmax(gate)).item()
+
+    def norm(x: mx.array, w: mx.array) -> mx.array:
+        return ops.rms_norm(x, w, 1e-5)
+
+    assert mx.array_equal(mx.compile(norm)(gate, up[0]), norm(gate, up[0])).item()
 
 
 @pytest.mark.parametrize(("gate", "up", "message"), [
@@ -100,6 +130,17 @@ def test_bad_arguments_are_value_errors(gate: mx.array, up: mx.array, message: s
         ops.swiglu(gate, up)
     with pytest.raises(ValueError, match="float32"):
         ops.log_softmax(mx.zeros((2, 3), dtype=mx.float16))
+
+
+@pytest.mark.parametrize(("x", "weight", "eps", "message"), [
+    (mx.zeros((2, 3), dtype=mx.float16), mx.ones((3,)), 1e-5, "float32"),
+    (mx.zeros((2, 3)), mx.ones((4,)), 1e-5, "shape"),
+    (mx.zeros((2, 3)), mx.ones((1, 3)), 1e-5, "shape"),
+    (mx.zeros((2, 3)), mx.ones((3,)), -1.0, "eps"),
+])
+def test_rms_norm_bad_arguments_are_value_errors(x: mx.array, weight: mx.array, eps: float, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ops.rms_norm(x, weight, eps)
 
 
 def test_llama_mlps_get_the_kernel_and_keep_their_weights() -> None:
@@ -116,9 +157,27 @@ def test_llama_mlps_get_the_kernel_and_keep_their_weights() -> None:
     assert not use_native_swiglu(nn.Linear(2, 2))
 
 
+def test_rms_norms_get_the_kernel_and_float16_keeps_mlx() -> None:
+    norm = nn.RMSNorm(48, eps=1e-6)
+    norm.weight = mx.random.normal((48,), key=mx.random.key(11))
+    x = mx.random.normal((2, 3, 48), key=mx.random.key(12))
+    before = norm(x)
+    assert use_native_rms_norm(norm)
+    assert isinstance(norm, NativeRmsNormMixin) and isinstance(norm, nn.RMSNorm)
+    assert mx.allclose(norm(x), before, rtol=1e-5, atol=1e-6).item()
+    assert mx.array_equal(norm(x), ops.rms_norm(x, norm.weight, 1e-6)).item()
+    half = x.astype(mx.float16)
+    assert mx.array_equal(norm(half), mx.fast.rms_norm(half, norm.weight, 1e-6)).item()
+    assert not use_native_rms_norm(nn.Linear(2, 2))
+
+
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
-def test_the_native_binding_gives_its_mlps_the_kernel(kind: str) -> None:
+def test_the_native_binding_gives_its_mlps_and_norms_the_kernels(kind: str) -> None:
     binding = make_tiny_binding(kind, seed=4, native=True)
     layers = getattr(binding.model, "model").layers
     assert all(isinstance(layer.mlp, NativeSwigluMixin) for layer in layers)
+    assert all(isinstance(layer.input_layernorm, NativeRmsNormMixin) for layer in layers)
+    assert isinstance(getattr(binding.model, "model").norm, NativeRmsNormMixin)
+    if kind == "qwen3":
+        assert all(isinstance(layer.self_attn.q_norm, NativeRmsNormMixin) for layer in layers)
     assert make_tiny_binding(kind, seed=4).config_fingerprint != binding.config_fingerprint

@@ -13,6 +13,20 @@ namespace {
 constexpr int64_t kMinParallel = int64_t(1) << 15;
 constexpr int64_t kBlock = 16;
 
+// Whole rows on the thread pool: row(r) for r in [0, rows), one thread below kMinParallel elements.
+template <class Row>
+void rows_run(int64_t rows, int64_t n, const Row& row) {
+  int64_t chunks = 1;
+  auto plan = [&](int threads) {
+    if (rows * n >= kMinParallel) chunks = std::min<int64_t>(rows, threads);
+    return rows == 0 || n == 0 ? 0 : chunks;
+  };
+  auto task = [&](int64_t chunk, int) {
+    for (int64_t r = rows * chunk / chunks; r < rows * (chunk + 1) / chunks; ++r) row(r);
+  };
+  pool_run(plan, task);
+}
+
 }  // namespace
 
 void swiglu_run(const float* g, const float* u, float* out, int64_t n) {
@@ -32,16 +46,13 @@ void swiglu_run(const float* g, const float* u, float* out, int64_t n) {
 }
 
 void log_softmax_run(const float* x, float* out, int64_t rows, int64_t n) {
-  auto row = for_isa(log_softmax_avx512, log_softmax_avx2, log_softmax_generic);
-  int64_t chunks = 1;
-  auto plan = [&](int threads) {
-    if (rows * n >= kMinParallel) chunks = std::min<int64_t>(rows, threads);
-    return rows == 0 || n == 0 ? 0 : chunks;
-  };
-  auto task = [&](int64_t chunk, int) {
-    for (int64_t r = rows * chunk / chunks; r < rows * (chunk + 1) / chunks; ++r) row(x + r * n, out + r * n, n);
-  };
-  pool_run(plan, task);
+  auto kernel = for_isa(log_softmax_avx512, log_softmax_avx2, log_softmax_generic);
+  rows_run(rows, n, [&](int64_t r) { kernel(x + r * n, out + r * n, n); });
+}
+
+void rms_norm_run(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps) {
+  auto kernel = for_isa(rms_norm_avx512, rms_norm_avx2, rms_norm_generic);
+  rows_run(rows, n, [&](int64_t r) { kernel(x + r * n, w, out + r * n, n, eps); });
 }
 
 }  // namespace mlxkv

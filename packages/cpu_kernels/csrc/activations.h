@@ -6,6 +6,9 @@
 //                of exp(x[r, t] - m), lane l adding the t with t % 16 == l in ascending order (the
 //                sum softmax takes in attention.h); a row depends on itself alone.
 //   exp:         out[i] = exp(x[i]) with x[i] clamped to [-87, 88] (exp16.h): the sampler's weights.
+//   rms_norm:    out[r, i] = (x[r, i] * (1 / sqrt(s / n + eps))) * w[i], s = reduce16 of 16 lane sums
+//                of x[r, t] * x[r, t], lane l fma-chaining the t with t % 16 == l in ascending order;
+//                a row depends on itself (and w) alone.
 #pragma once
 
 #include <cstdint>
@@ -24,9 +27,15 @@ void exp_avx512(const float* x, float* out, int64_t n);
 void exp_avx2(const float* x, float* out, int64_t n);
 void exp_generic(const float* x, float* out, int64_t n);
 
+void rms_norm_avx512(const float* x, const float* w, float* out, int64_t n, float eps);
+void rms_norm_avx2(const float* x, const float* w, float* out, int64_t n, float eps);
+void rms_norm_generic(const float* x, const float* w, float* out, int64_t n, float eps);
+
 // All n elements on the thread pool with the selected instruction set.
 void swiglu_run(const float* g, const float* u, float* out, int64_t n);
 // All rows (n elements each) on the thread pool with the selected instruction set.
 void log_softmax_run(const float* x, float* out, int64_t rows, int64_t n);
+// All rows (n elements each, w of n) on the thread pool with the selected instruction set.
+void rms_norm_run(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps);
 
 }  // namespace mlxkv

@@ -60,6 +60,25 @@ void log_softmax(const float* x, float* out, int64_t n) {
   for (int64_t t = 0; t < n; ++t) out[t] = x[t] - lse;
 }
 
+void rms_norm(const float* x, const float* w, float* out, int64_t n, float eps) {
+  V16 sum = V16::zero();
+  int64_t t = 0;
+  for (; t + 16 <= n; t += 16) {
+    const V16 v = V16::load(x + t);
+    sum.fma(v, v);
+  }
+  if (t < n) {  // the tail zero-padded: 0 * 0 + s is s
+    float tail[16] = {};
+    std::memcpy(tail, x + t, size_t(n - t) * sizeof(float));
+    const V16 v = V16::load(tail);
+    sum.fma(v, v);
+  }
+  const float scale = 1.0f / std::sqrt(reduce16(sum) / float(n) + eps);
+  const V16 s = V16::set1(scale);
+  for (t = 0; t + 16 <= n; t += 16) V16::mul(V16::mul(V16::load(x + t), s), V16::load(w + t)).store(out + t);
+  for (; t < n; ++t) out[t] = (x[t] * scale) * w[t];
+}
+
 void exp_all(const float* x, float* out, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) exp16(x + i, 0.0f, out + i);
@@ -77,14 +96,17 @@ void exp_all(const float* x, float* out, int64_t n) {
 void swiglu_avx512(const float* g, const float* u, float* out, int64_t n) { swiglu(g, u, out, n); }
 void log_softmax_avx512(const float* x, float* out, int64_t n) { log_softmax(x, out, n); }
 void exp_avx512(const float* x, float* out, int64_t n) { exp_all(x, out, n); }
+void rms_norm_avx512(const float* x, const float* w, float* out, int64_t n, float eps) { rms_norm(x, w, out, n, eps); }
 #elif QMM_ISA == 2
 void swiglu_avx2(const float* g, const float* u, float* out, int64_t n) { swiglu(g, u, out, n); }
 void log_softmax_avx2(const float* x, float* out, int64_t n) { log_softmax(x, out, n); }
 void exp_avx2(const float* x, float* out, int64_t n) { exp_all(x, out, n); }
+void rms_norm_avx2(const float* x, const float* w, float* out, int64_t n, float eps) { rms_norm(x, w, out, n, eps); }
 #else
 void swiglu_generic(const float* g, const float* u, float* out, int64_t n) { swiglu(g, u, out, n); }
 void log_softmax_generic(const float* x, float* out, int64_t n) { log_softmax(x, out, n); }
 void exp_generic(const float* x, float* out, int64_t n) { exp_all(x, out, n); }
+void rms_norm_generic(const float* x, const float* w, float* out, int64_t n, float eps) { rms_norm(x, w, out, n, eps); }
 #endif
 
 }  // namespace mlxkv

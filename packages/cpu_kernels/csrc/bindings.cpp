@@ -44,6 +44,9 @@ NB_MODULE(_ext, m) {
       "(1, Hkv, capacity, D) buffers and attends causally; returns [out (R, Hq, D), keys_0, values_0, ...].");
   m.def("swiglu", &mlxkv::swiglu, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(),
         "silu(gate) * up elementwise (float32), the same bits on every instruction set and thread count.");
+  m.def("rms_norm", &mlxkv::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "x / sqrt(mean(x * x) + eps) * weight over the last axis (float32), the same bits on every "
+        "instruction set and thread count.");
   m.def("log_softmax", &mlxkv::log_softmax, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
         "x - logsumexp(x) over the last axis (float32), the same bits on every instruction set and thread count.");
   m.def("sample", &mlxkv::sample, "x"_a, "words"_a, nb::kw_only(), "inv_temperature"_a, "top_k"_a = 0,

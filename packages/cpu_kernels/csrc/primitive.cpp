@@ -358,6 +358,38 @@ std::vector<mx::Shape> NativeSwiglu::output_shapes(const std::vector<mx::array>&
   return {inputs[0].shape()};
 }
 
+mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps, mx::StreamOrDevice s) {
+  check(x.dtype() == mx::float32 && weight.dtype() == mx::float32, "x and weight must be float32", "rms_norm");
+  check(x.ndim() >= 1 && x.shape().back() > 0, "x must have a non-empty last axis", "rms_norm");
+  check(weight.ndim() == 1 && weight.shape(0) == x.shape().back(), "weight must be of shape (x.shape[-1],)", "rms_norm");
+  check(std::isfinite(eps) && eps >= 0, "eps must be finite and >= 0", "rms_norm");
+  auto stream = mx::to_stream(s);
+  check(stream.device == mx::Device::cpu, "the native kernel runs on the CPU device only", "rms_norm");
+  return mx::array(x.shape(), mx::float32, std::make_shared<NativeRmsNorm>(stream, eps), {x, weight});
+}
+
+void NativeRmsNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::array& x = inputs[0];
+  mx::array& out = outputs[0];
+  auto& encoder = encode_one_output(stream(), inputs, out);
+  const int64_t n = x.shape().back(), rows = int64_t(x.size()) / n;
+  encoder.dispatch([x = Floats::of(x), w = Floats::of(inputs[1]), y = out.data<float>(), rows, n, eps = eps_]() {
+    thread_local std::vector<float> scratch;
+    scratch.resize(size_t((x.dense ? 0 : x.size) + (w.dense ? 0 : n)));
+    const float* xd = x.read(scratch.data());
+    const float* wd = w.read(scratch.data() + (x.dense ? 0 : x.size));
+    rms_norm_run(xd, wd, y, rows, n, eps);
+  });
+}
+
+void NativeRmsNorm::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("MlxkvNativeRmsNorm has no GPU implementation");
+}
+
+std::vector<mx::Shape> NativeRmsNorm::output_shapes(const std::vector<mx::array>& inputs) {
+  return {inputs[0].shape()};
+}
+
 mx::array log_softmax(const mx::array& x, mx::StreamOrDevice s) {
   check(x.dtype() == mx::float32, "x must be float32", "log_softmax");
   check(x.ndim() >= 1 && x.shape().back() > 0, "x must have a non-empty last axis", "log_softmax");

@@ -83,6 +83,26 @@ class NativeSwiglu : public mx::Primitive {
   bool is_equivalent(const mx::Primitive&) const override { return true; }
 };
 
+// RMS normalization over the last axis times weight (activations.h); x float32 of shape (..., n),
+// weight float32 of shape (n,).
+mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps, mx::StreamOrDevice s = {});
+
+class NativeRmsNorm : public mx::Primitive {
+ public:
+  NativeRmsNorm(mx::Stream stream, float eps) : mx::Primitive(stream), eps_(eps) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+  const char* name() const override { return "MlxkvNativeRmsNorm"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return eps_ == static_cast<const NativeRmsNorm&>(other).eps_;
+  }
+
+ private:
+  float eps_;
+};
+
 // x - logsumexp(x) over the last axis (activations.h); x float32.
 mx::array log_softmax(const mx::array& x, mx::StreamOrDevice s = {});
 

@@ -1,4 +1,4 @@
-"""The native quantized matmul, attention, SwiGLU, log-softmax and sampler (imports mlx; load the BLAS shim first if you want it)."""
+"""The native quantized matmul, attention, SwiGLU, RMS norm, log-softmax and sampler (imports mlx; load the BLAS shim first if you want it)."""
 
 import mlx.core  # noqa: F401  (registers mx.array with nanobind before _ext loads)
 
@@ -9,10 +9,11 @@ from mlxkv_cpu_kernels._ext import (
     log_softmax,
     num_threads,
     quantized_matmul,
+    rms_norm,
     sample,
     set_isa,
     set_num_threads,
     swiglu,
 )
 
-__all__ = ["attend", "best_isa", "isa", "log_softmax", "num_threads", "quantized_matmul", "sample", "set_isa", "set_num_threads", "swiglu"]
+__all__ = ["attend", "best_isa", "isa", "log_softmax", "num_threads", "quantized_matmul", "rms_norm", "sample", "set_isa", "set_num_threads", "swiglu"]

@@ -24,6 +24,7 @@ from mlxkv_inference.models import batched
 from mlxkv_inference.models.cpu_kernels import CpuKernels, use_native_kernels
 from mlxkv_inference.models.native_attention import NATIVE_ATTENTION, use_native_attention
 from mlxkv_inference.models.native_mlp import NATIVE_SWIGLU, use_native_swiglu
+from mlxkv_inference.models.native_norm import NATIVE_RMS_NORM, use_native_rms_norm
 from mlxkv_inference.models.recurrent_replay import use_recurrent_replay
 from mlxkv_inference.engine.speculation import Round, StepCosts, round_fits
 from mlxkv_inference.tokenizer.protocol import Tokenizer
@@ -84,11 +85,12 @@ class MlxAutoregressiveBinding:
         weights_digest: str = "",
         cpu_kernels: CpuKernels = "mlx",
     ) -> None:
-        native_attention = native_swiglu = False
+        native_attention = native_swiglu = native_rms_norm = False
         if cpu_kernels == "native":
             use_native_kernels(model)
             native_attention = use_native_attention(model, config)
             native_swiglu = native_attention and use_native_swiglu(model)  # float32 activations checked
+            native_rms_norm = native_attention and use_native_rms_norm(model)
         self.model = model
         self.cpu_kernels: CpuKernels = cpu_kernels
         self.tokenizer = tokenizer
@@ -100,7 +102,8 @@ class MlxAutoregressiveBinding:
         self.native_attention = native_attention
         native = cpu_kernels == "native"
         self.native_ops = tuple(op for op, used in ((NATIVE_ATTENTION, native_attention), (NATIVE_SWIGLU, native_swiglu),
-                                                    (NATIVE_LOG_SOFTMAX, native), (NATIVE_SAMPLER, native)) if used)
+                                                    (NATIVE_RMS_NORM, native_rms_norm), (NATIVE_LOG_SOFTMAX, native),
+                                                    (NATIVE_SAMPLER, native)) if used)
         self.config_fingerprint = config_fingerprint(config, kv_scheme, weights_digest, cpu_kernels, self.native_ops)
         self._compiled = CompiledDecoder(model)
         self._invariant_rows = 1  # batch sizes probed row-invariant so far (-1: a kernel is not)
