@@ -367,6 +367,9 @@ def test_step_costs_interpolate_between_measured_sizes_and_extrapolate_past_them
     assert costs.seconds(6) == pytest.approx(0.060)
     assert costs.seconds(12) == pytest.approx(0.100)
     assert costs.relative(3) == pytest.approx(2.0) and costs.relative(9, base=3) == pytest.approx(2.0)
+    assert costs.seconds(4) == pytest.approx(0.040 + 0.040 / 6)  # None while one size was known: worked out anew
+    costs.replace(9, 0.140)  # a new measurement replaces what was worked out from the old one
+    assert costs.seconds(6) == pytest.approx(0.090)
 
 
 def test_step_costs_never_extrapolate_below_what_fewer_rows_measured() -> None:

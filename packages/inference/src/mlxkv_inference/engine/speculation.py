@@ -124,23 +124,36 @@ class StepCosts:
     def __init__(self) -> None:
         self._seconds: dict[int, float] = {}
         self._lock = threading.Lock()
+        # seconds(rows) as worked out since the last measurement: every generation's draft length
+        # asks for each candidate length, twice a step, so eight rows would redo it ~250 times.
+        self._worked_out: dict[int, float | None] = {}
 
     def record(self, rows: int, seconds: float) -> None:
         with self._lock:
             previous = self._seconds.get(rows)
             self._seconds[rows] = seconds if previous is None else 0.8 * previous + 0.2 * seconds
+            self._worked_out = {}
 
     def replace(self, rows: int, seconds: float) -> None:
         """Forget what `rows` measured before (a calibration of another kind of forward)."""
         with self._lock:
             self._seconds[rows] = seconds
+            self._worked_out = {}
 
     def seconds(self, rows: int) -> float | None:
         """Measured seconds for `rows`, else interpolated (or extrapolated) from the nearest
         measured row counts, never below what fewer rows measured (more rows never cost less;
         noisy timings could extrapolate to nothing); None before two row counts are measured."""
         with self._lock:
+            worked_out = self._worked_out  # a measurement from now on replaces it, unread
+            if rows in worked_out:
+                return worked_out[rows]
             known = sorted(self._seconds.items())
+        worked_out[rows] = seconds = self._work_out(known, rows)
+        return seconds
+
+    @staticmethod
+    def _work_out(known: list[tuple[int, float]], rows: int) -> float | None:
         exact = dict(known).get(rows)
         if exact is not None or len(known) < 2:
             return exact
