@@ -3,7 +3,7 @@
 Same model object (the embedded SmolLM2 unless --model), same prompt ids, EOS ignored; runs
 alternate and the medians are compared. Then one decode step is taken apart: the tied lm_head,
 the 30 layers, and the Python graph-building time, to show where the step's time goes.
-Run: `uv run python tools/bench_decode.py`.
+Run: `uv run python -m tools.bench_decode`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import statistics
 import time
 from collections.abc import Callable
 
-import mlx.core as mx
+from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, load_binding  # first: the BLAS shim precedes mlx
 
-from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, load_binding
+import mlx.core as mx  # noqa: E402, I001
 from mlxkv_inference._mlx_lm import mlx_lm_stream_responses, wrap_tokenizer
 from mlxkv_inference.tokenizer.gguf_tokenizer import GgufTokenizer
 from tools.bench_generate import time_stream
