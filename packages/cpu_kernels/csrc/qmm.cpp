@@ -118,7 +118,8 @@ void pool_run(const std::function<int64_t(int)>& plan, const std::function<void(
 namespace {
 
 // Each block of 32 floats of every row of x becomes its 16 even then its 16 odd elements: the
-// order the packed codes unpack in (see qmm.h). Once per product, shared by all columns.
+// order the packed codes unpack in (see qmm.h). Once per product and thread (up to kOwnXRows
+// rows) or once for all, and shared by all columns.
 void permute_x(const QmmArgs& a, float* dst) {
   for (int64_t m = 0; m < a.M; ++m) {
     const float* src = a.x + m * a.K;

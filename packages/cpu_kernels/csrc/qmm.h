@@ -6,7 +6,8 @@
 //   y[m, n]    = the fixed 16 -> 8 -> 4 -> 2 -> 1 pairwise tree over partial[0..15]
 // with w[n, k] = fma(q, scale, bias) rounded once to float32. Lane l takes the pair 2l, 2l + 1 of
 // every block of 32 because that is how the codes lie packed (4-bit: one byte; 8-bit: one
-// little-endian word): x is permuted once per product to match, so unpacking needs no shuffle. AVX-512 holds the 16 partials in one
+// little-endian word): x is permuted to match before a product (by each thread for itself, or once
+// for all; see qmm.cpp), so unpacking needs no shuffle. AVX-512 holds the 16 partials in one
 // register, AVX2 in two, the portable path in an array: same operations, same bits.
 #pragma once
 

@@ -42,6 +42,6 @@ class NativeRmsNormMixin:
 
 
 def use_native_rms_norm(model: nn.Module) -> bool:
-    """Gives every `nn.RMSNorm` of `model` the native kernel (call it only where activations are
-    float32); returns whether any module got it."""
-    return mix_into(model, _RMS_NORMS, NativeRmsNormMixin, "Native")
+    """Gives every `nn.RMSNorm` of `model` with float32 weights the native kernel (call it only
+    where activations are float32); returns whether any module got it."""
+    return mix_into(model, _RMS_NORMS, NativeRmsNormMixin, "Native", where=lambda norm: norm.weight.dtype == mx.float32)
