@@ -6,6 +6,11 @@ barred, prompt lookup on (the server's default); the two batched modes alternate
 times and medians are compared, with the CPU cores the process kept busy (2 here: the Python
 that builds a step competes with the kernels' threads). Every mode's tokens are checked equal.
 Run: `uv run python -m tools.bench_batch [--sequences 8] [--max-tokens 128] [--repeats 5]`.
+
+`--timeline`: instead, N requests arriving at once on a scheduler bounding a step's prefill as
+`mlxkv serve` does (`--prefill-step-ms`, default the server's): each step's time, the generations
+decoding and prefilling, and the tokens it produced; then how long the prompts took to prefill and
+what an N-row step cost after, against one sequence's plain step.
 """
 
 from __future__ import annotations
@@ -14,13 +19,14 @@ import argparse
 import statistics
 import time
 
-from mlxkv_inference import GenerationParams, SamplingParams, load_binding  # first: the BLAS shim precedes mlx
+from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding, SamplingParams, load_binding  # first: the BLAS shim precedes mlx
 
 from mlxkv_inference.engine.generate import Generation  # noqa: E402
 from mlxkv_inference.engine.scheduler import BatchScheduler  # noqa: E402
 from mlxkv_inference.engine.speculation import SpeculativeParams  # noqa: E402
 from mlxkv_inference.models.cpu_kernels import default_cpu_kernels  # noqa: E402
 from mlxkv_inference.tokenizer.chat import encode_chat  # noqa: E402
+from mlxkv.commands.serve import SERVE_PREFILL_STEP_MS  # noqa: E402
 from tools.bench_sampler import PROMPTS  # noqa: E402
 
 
@@ -37,11 +43,42 @@ def run(scheduler: BatchScheduler, prompts: list[list[int]], params: GenerationP
     return sum(map(len, tokens)) / wall, cpu / wall, tokens
 
 
+def timeline(binding: MlxAutoregressiveBinding, prompts: list[list[int]], params: GenerationParams,
+             prefill_step_s: float) -> None:
+    """Prints each step of `prompts` arriving together (after one uncounted run)."""
+    for counted in (False, True):
+        scheduler = BatchScheduler(binding, max_batch=len(prompts), prefill_step_s=prefill_step_s)
+        for prompt in prompts:
+            scheduler.add(Generation(binding, prompt, params))
+        steps: list[tuple[float, float, int, int, int]] = []  # start, seconds, decoding, prefilling, tokens
+        start = time.perf_counter()
+        while scheduler.running:
+            began = time.perf_counter()
+            prefilling = sum(1 for g in scheduler.running if g.prefilling)
+            decoding = len(scheduler.running) - prefilling
+            tokens = sum(len(outcome.deltas) for outcome in scheduler.step())
+            steps.append((began - start, time.perf_counter() - began, decoding, prefilling, tokens))
+    for at, seconds, decoding, prefilling, tokens in steps:
+        print(f"  {at:7.3f} s  step {seconds * 1000:6.1f} ms  decoding {decoding}  prefilling {prefilling}  tokens {tokens}")
+    prefill_end = next(at for at, _, _, prefilling, _ in steps if prefilling == 0)
+    full = [seconds for _, seconds, decoding, prefilling, tokens in steps
+            if decoding == len(prompts) and not prefilling and tokens == len(prompts)]
+    single = Generation(binding, prompts[0], params).run()
+    print(f"{len(prompts)} prompts of {', '.join(str(len(p)) for p in prompts)} tokens arriving together, prefill steps "
+          f"bounded to {prefill_step_s * 1000:.0f} ms: prefilled after {prefill_end:.2f} s of "
+          f"{steps[-1][0] + steps[-1][1]:.2f} s; a plain {len(prompts)}-row step (no drafts) median "
+          f"{statistics.median(full) * 1000:.1f} ms over {len(full)} steps, one sequence alone "
+          f"{1000 / single.decode_tps:.1f} ms a token")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sequences", type=int, default=8, help="sequences stepped together (default: 8)")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens each sequence generates (default: 128)")
     parser.add_argument("--repeats", type=int, default=5, help="runs of each batched mode (default: 5)")
+    parser.add_argument("--timeline", action="store_true", help="print each step of the sequences arriving at once instead")
+    parser.add_argument("--prefill-step-ms", type=float, default=SERVE_PREFILL_STEP_MS,
+                        help=f"--timeline: the scheduler's prefill time bound a step (default: the server's, {SERVE_PREFILL_STEP_MS:.0f})")
     args = parser.parse_args()
     binding = load_binding(cpu_kernels=default_cpu_kernels())
     binding.warm_up(compiled=True)
@@ -50,6 +87,9 @@ def main() -> None:
     barred = {token: -100.0 for token in binding.eos_token_ids}
     params = GenerationParams(max_tokens=args.max_tokens, sampling=SamplingParams(logit_bias=barred),
                               speculative=SpeculativeParams(mode="prompt_lookup"))
+    if args.timeline:
+        timeline(binding, prompts, params, args.prefill_step_ms / 1000)
+        return
     modes = {"pipelined": True, "unpipelined": False}
     results: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
     expected: list[tuple[int, ...]] = []
