@@ -46,7 +46,7 @@ def run(scheduler: BatchScheduler, prompts: list[list[int]], params: GenerationP
 def timeline(binding: MlxAutoregressiveBinding, prompts: list[list[int]], params: GenerationParams,
              prefill_step_s: float) -> None:
     """Prints each step of `prompts` arriving together (after one uncounted run)."""
-    for counted in (False, True):
+    for _ in range(2):  # the first run warms up, uncounted
         scheduler = BatchScheduler(binding, max_batch=len(prompts), prefill_step_s=prefill_step_s)
         for prompt in prompts:
             scheduler.add(Generation(binding, prompt, params))
@@ -64,11 +64,11 @@ def timeline(binding: MlxAutoregressiveBinding, prompts: list[list[int]], params
     full = [seconds for _, seconds, decoding, prefilling, tokens in steps
             if decoding == len(prompts) and not prefilling and tokens == len(prompts)]
     single = Generation(binding, prompts[0], params).run()
+    plain = (f"a plain {len(prompts)}-row step (no drafts) median {statistics.median(full) * 1000:.1f} ms over "
+             f"{len(full)} steps" if full else f"no plain {len(prompts)}-row step (raise --max-tokens)")
     print(f"{len(prompts)} prompts of {', '.join(str(len(p)) for p in prompts)} tokens arriving together, prefill steps "
           f"bounded to {prefill_step_s * 1000:.0f} ms: prefilled after {prefill_end:.2f} s of "
-          f"{steps[-1][0] + steps[-1][1]:.2f} s; a plain {len(prompts)}-row step (no drafts) median "
-          f"{statistics.median(full) * 1000:.1f} ms over {len(full)} steps, one sequence alone "
-          f"{1000 / single.decode_tps:.1f} ms a token")
+          f"{steps[-1][0] + steps[-1][1]:.2f} s; {plain}, one sequence alone {1000 / single.decode_tps:.1f} ms a token")
 
 
 def main() -> None:
