@@ -122,11 +122,17 @@ void dequant_column(const QmmArgs& a, int64_t n, float* dst) {
 #if QMM_ISA == 3
 inline __m512 reg(__m512 v) { return v; }
 inline __m512 reg(const V16& v) { return v.v; }
+#endif
 
-// The R x C tile's sums (__m512 or V16 accumulators) into y (row stride ld), four accumulators per
-// reduce16x4; one row (the GEMV) keeps reduce16 per element, which measured no slower there.
+// The R x C tile's sums (V16 accumulators, or __m512 on AVX-512) into y (row stride ld): reduce16
+// each; AVX-512 reduces four accumulators per reduce16x4 (the same bits), except for one row (the
+// GEMV), where reduce16 per element measured no slower.
 template <int R, int C, class A>
 inline void store_sums(const A (&acc)[R][C], float* y, int64_t ld) {
+#if QMM_ISA != 3
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[r * ld + c] = reduce16(acc[r][c]);
+#else
   // Unrolled whole, so that acc stays in registers (indexed in a loop, GCC puts it on the stack).
   if constexpr (R == 1) {
 #pragma GCC unroll 8
@@ -144,8 +150,8 @@ inline void store_sums(const A (&acc)[R][C], float* y, int64_t ld) {
     for (int j = 0; j < 4; ++j)
       if (i + j < R * C) y[(i + j) / C * ld + (i + j) % C] = sums[j];
   }
-}
 #endif
+}
 
 // R rows x C columns of output, all K, 16 lanes per element; column c of the panel starts at
 // panel + c * ld. AVX-512 reduces the sums four at a time (store_sums; at 64 rows 1536 x 576 and
@@ -164,12 +170,7 @@ void micro(const QmmArgs& a, int64_t m, int64_t n, const float* panel, int64_t l
       for (int c = 0; c < C; ++c) acc[r][c].fma(xv, wv[c]);
     }
   }
-#if QMM_ISA == 3
   store_sums<R, C>(acc, a.y + m * a.N + n, a.N);
-#else
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) a.y[(m + r) * a.N + n + c] = reduce16(acc[r][c]);
-#endif
 }
 
 template <int R>
@@ -220,8 +221,7 @@ void gemv_rows(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) a.y[(m + r) * a.N + n + c] = reduce16(acc[r][c]);
+  store_sums<R, C>(acc, a.y + m * a.N + n, a.N);
 }
 
 #if QMM_ISA == 3
