@@ -5,6 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -97,3 +98,23 @@ def test_checksummed_header_with_mutated_fields(data: st.DataObject) -> None:
     for target, key in data.draw(st.lists(st.sampled_from(places), min_size=1, max_size=3)):
         target[key] = data.draw(JSON_VALUES)
     read_raises_only_our_errors(_reframe(doc, VALID[start:]))
+
+
+@pytest.mark.parametrize("offset", [4, 6, 8388352])
+def test_a_cache_offset_its_slots_do_not_hold_is_refused_before_its_buffer_is_sized(offset: int) -> None:
+    """Found by the test above: the slots are read into buffers sized from the cache's offset, and
+    an offset of 8,388,352 asked MLX for an array larger than it can index (an OverflowError,
+    not a cache miss)."""
+    import json
+
+    from mlxkv_ssd_cache.container import read_kv_header
+
+    with (_WORK / "valid.mlxkv").open("rb") as f:
+        header, start = read_kv_header(f)
+    doc = json.loads(json.dumps(header.to_json()))
+    assert doc["caches"][0]["offset"] == 5 and offset != 5
+    doc["caches"][0]["offset"] = offset
+    path = _WORK / "offset.mlxkv"
+    path.write_bytes(_reframe(doc, VALID[start:]))
+    with pytest.raises(StateError, match="stores slots of another length"):
+        read_file(path)

@@ -122,6 +122,9 @@ def read_kv_tensors(f: BinaryIO, header: KvFileHeader, data_start: int, file_siz
     tokens (`restore_capacity`), so restoring copies the KV once, from the file.
     """
     available = file_size - data_start
+    for c in header.caches:  # their buffers are sized from the offset: a corrupt one could ask for any size
+        if restore_capacity(c) is not None and any(len(s.shape) == 4 and s.shape[2] != c.offset for s in c.slots):
+            raise SlotDecodeError(f"a {c.signature} cache of {c.offset} positions stores slots of another length")
     caches = [_read_group(f, c.slots, data_start, available, restore_capacity(c)) for c in header.caches]
     attachments = {a.name: (a.schema, _read_group(f, a.slots, data_start, available, None)) for a in header.attachments}
     return FileContents(caches, attachments)
