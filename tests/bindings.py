@@ -37,7 +37,8 @@ class FailingBinding(MlxAutoregressiveBinding):
 
 
 class GatedBinding(MlxAutoregressiveBinding):
-    """Every prefill waits until the test opens the gate (so requests pile up in the queue)."""
+    """Every prefill waits until the test opens the gate (so requests pile up in the queue): a
+    prefill forward, or a batched step a prompt rides in (`Generation.join`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -49,6 +50,13 @@ class GatedBinding(MlxAutoregressiveBinding):
         self.entered.set()
         self.gate.wait(GATE_WAIT_S)
         return super().prefill(tokens, caches, chunk_size, on_chunk, interrupt)
+
+    def decode_batch(self, tokens: mx.array, caches: Sequence[list[LayerCache]],
+                     lengths: Sequence[int] | None = None, logits_of: Sequence[int] | None = None) -> mx.array:
+        if logits_of is not None and lengths is not None and sum(logits_of) < sum(lengths):
+            self.entered.set()
+            self.gate.wait(GATE_WAIT_S)
+        return super().decode_batch(tokens, caches, lengths, logits_of)
 
 
 class RecordingBinding(MlxAutoregressiveBinding):

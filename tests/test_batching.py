@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 from dataclasses import replace
 
 import mlx.core as mx
@@ -14,6 +15,8 @@ import mlx.nn as nn
 import pytest
 
 from mlxkv_inference import Generation, GenerationParams, Grammar, MlxAutoregressiveBinding, SamplingParams
+from mlxkv_inference.binding import Interrupt
+from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.engine.generate import ResumePoint
 from mlxkv_inference.engine.scheduler import MAX_PASSED_OVER, BatchScheduler
 from mlxkv_inference.engine.speculation import StepCosts
@@ -379,3 +382,125 @@ def test_a_long_prompt_under_a_stream_of_short_ones_still_prefills(max_batch: in
     for generation in (long, *shorts):
         assert generation.result is not None
         assert generation.result.token_ids == Generation(binding, generation.prompt, params).run().token_ids
+
+
+class RecordsForwards(MlxAutoregressiveBinding):
+    """Records each batched forward's rows a sequence and rows of logits a sequence, and counts
+    the forwards a prefill feeds on its own."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.batches: list[tuple[list[int], list[int] | None]] = []
+        self.fed = 0
+
+    def decode_batch(self, tokens: mx.array, caches: Sequence[list[LayerCache]],
+                     lengths: Sequence[int] | None = None, logits_of: Sequence[int] | None = None) -> mx.array:
+        self.batches.append((list(lengths or [1] * len(caches)), None if logits_of is None else list(logits_of)))
+        return super().decode_batch(tokens, caches, lengths, logits_of)
+
+    def feed(self, tokens: Sequence[int], caches: list[LayerCache], interrupt: Interrupt | None = None) -> int:
+        self.fed += 1
+        return super().feed(tokens, caches, interrupt)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.9, top_p=0.95, seed=3)])
+def test_a_short_prompt_rides_in_the_decode_step_and_gets_the_tokens_it_gets_alone(sampling: SamplingParams) -> None:
+    """A prompt whose rest fits the step is fed with its first decode step (`Generation.join`):
+    alone, one forward instead of a prefill and a step; joining running rows, their step is its
+    prefill. No forward of its own either way, its first token comes from that step, and every
+    generation's tokens are those of running alone."""
+    binding = make_tiny_binding("llama", seed=4, native=True, binding_class=RecordsForwards)
+    assert isinstance(binding, RecordsForwards) and binding.verifies_positions()
+    params = GenerationParams(max_tokens=6, prefill_chunk=64, ignore_eos=True, sampling=sampling)
+    first, second = (Generation(binding, make_prompt(n, seed=n), params) for n in (20, 25))
+    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64)
+    scheduler.add(first)
+    binding.batches.clear()
+    [alone_step] = scheduler.step()
+    assert binding.batches == [([20], [1])] and binding.fed == 0
+    assert [d.step.step for d in alone_step.deltas if d.step is not None] == [0]
+    scheduler.add(second)
+    outcomes = {id(o.generation): o for o in scheduler.step()}
+    assert binding.batches[-1] == ([1, 25], [1, 1]) and binding.fed == 0
+    assert [d.step.step for d in outcomes[id(second)].deltas if d.step is not None] == [0]
+    while scheduler.running:
+        scheduler.step()
+    for generation in (first, second):
+        assert generation.result is not None
+        assert generation.result.token_ids == Generation(binding, generation.prompt, params).run().token_ids
+
+
+def test_a_prompt_whose_rest_would_cross_the_kv_quantization_start_prefills_on_its_own() -> None:
+    """The same rule as a speculative round's (`round_fits`): one forward over positions past the
+    quantization start would attend them unquantized, where single steps see them quantized."""
+    from mlxkv_inference import KvScheme
+
+    binding = make_tiny_binding("llama", seed=4, native=True, head_dim=64, binding_class=RecordsForwards,
+                                kv_scheme=KvScheme(bits=8, group_size=32, quantized_start=16))
+    assert isinstance(binding, RecordsForwards)
+    params = GenerationParams(max_tokens=4, prefill_chunk=64, ignore_eos=True)
+    short, long = Generation(binding, make_prompt(12, seed=1), params), Generation(binding, make_prompt(30, seed=2), params)
+    assert short.can_join(64) and not long.can_join(64)
+    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64)
+    for generation in (short, long):
+        scheduler.add(generation)
+    scheduler.step()
+    assert binding.fed > 0 and binding.batches[0] == ([12, 1], [1, 1])
+    while scheduler.running:
+        scheduler.step()
+    for generation in (short, long):
+        assert generation.result is not None
+        assert generation.result.token_ids == Generation(binding, generation.prompt, params).run().token_ids
+
+
+def test_the_logits_of_chosen_rows_are_bitwise_those_rows_of_the_whole_step() -> None:
+    binding = tiny("llama", True, True)
+    prompts = [make_prompt(n, seed=n) for n in (5, 9, 7)]
+    whole, chosen = ([binding.make_cache() for _ in prompts] for _ in range(2))
+    for prompt, a, b in zip(prompts, whole, chosen):
+        binding.prefill(prompt[:-4], a)
+        binding.prefill(prompt[:-4], b)
+    tokens = mx.array([prompts[0][-4], *prompts[1][-4:], prompts[2][-4]])
+    lengths = [1, 4, 1]
+    every = decode_batch(binding.model, tokens, whole, lengths)
+    some = decode_batch(binding.model, tokens, chosen, lengths, [1, 2, 1])
+    assert some.shape[0] == 4 and mx.array_equal(some, every[mx.array([0, 3, 4, 5])]).item()
+
+
+class RefusesBatches(RecordsForwards):
+    """Batches only until `refuse` is set (a step that outgrew what its join was decided for)."""
+
+    refuse = False
+
+    def can_decode_batch(self, caches: Sequence[Sequence[LayerCache]], rows: int | None = None) -> bool:
+        return not self.refuse and super().can_decode_batch(caches, rows)
+
+
+def test_a_joined_prompt_whose_step_cannot_batch_runs_its_own_forward_and_stays_exact() -> None:
+    """Decided to join, then the step runs a graph per row: the prompt's rest and its last token
+    go through its own graph in one forward; the snapshot and the progress of its prefill are
+    reported once that step is taken, from caches holding the whole prompt."""
+    binding = make_tiny_binding("llama", seed=4, native=True, binding_class=RefusesBatches)
+    assert isinstance(binding, RefusesBatches) and binding.verifies_positions()
+    params = GenerationParams(max_tokens=5, prefill_chunk=64, ignore_eos=True)
+    prompt = make_prompt(24, seed=6)
+    snapshots: list[tuple[int, int]] = []
+    progress: list[tuple[int, int]] = []
+    generation = Generation(binding, prompt, params, snapshot_at=[10, 23], on_prefill_progress=lambda *p: progress.append(p),
+                            on_snapshot=lambda tokens, caches: snapshots.append((len(tokens), caches[0].offset)))
+    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64)
+    scheduler.add(generation)
+    prefill = scheduler._prefill
+
+    def then_refuse(*args: Any) -> None:
+        prefill(*args)
+        binding.refuse = True
+
+    scheduler._prefill = then_refuse  # type: ignore[method-assign]
+    [outcome] = scheduler.step()
+    assert binding.batches == [] and binding.fed == 0 and [d.step is not None for d in outcome.deltas] == [True]
+    assert snapshots == [(10, 24), (23, 24)] and progress == [(0, 23), (23, 23)]
+    while scheduler.running:
+        scheduler.step()
+    assert generation.result is not None
+    assert generation.result.token_ids == Generation(binding, prompt, params).run().token_ids

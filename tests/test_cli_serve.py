@@ -13,7 +13,9 @@ from tests.bindings import RecordingBinding
 from tests.factories import TINY_VOCAB, make_tiny_binding
 from tests.serving import running
 
-PROMPT = "hello there friends!"  # 20 byte tokens with the tiny byte tokenizer; no EOS within 4 tokens
+# 100 byte tokens with the tiny byte tokenizer, no EOS within 4 tokens: longer than a prompt whose
+# rest rides in a decode step without a prefill chunk of its own (`Generation.join`)
+PROMPT = "hello there friends!" * 5
 
 
 def serve_once(*flags: str) -> tuple[RecordingBinding, int, GenerationParams, int]:

@@ -167,11 +167,11 @@ class FailsOnBatch(MlxAutoregressiveBinding):
     batches = 0
 
     def decode_batch(self, tokens: mx.array, caches: Sequence[list[LayerCache]],
-                     lengths: Sequence[int] | None = None) -> mx.array:
+                     lengths: Sequence[int] | None = None, logits_of: Sequence[int] | None = None) -> mx.array:
         self.batches += 1
         if self.batches == self.fail_at:
             raise RuntimeError("injected batched forward failure")
-        return super().decode_batch(tokens, caches, lengths)
+        return super().decode_batch(tokens, caches, lengths, logits_of)
 
 
 def test_a_pipelined_forward_that_fails_fails_only_the_rows_it_fed() -> None:

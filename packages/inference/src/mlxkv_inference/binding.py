@@ -236,11 +236,14 @@ class MlxAutoregressiveBinding:
             self._compiled_positions = self._settle_compiled_rounds()
         return self._compiled_positions
 
-    def warm_up(self, compiled: bool) -> None:
+    def warm_up(self, compiled: bool, rows: int = 0) -> None:
         """Run now the probes (and step timings) the first requests would otherwise wait for:
-        the multi-position probe, and with `compiled` the compiled rounds' one."""
+        the multi-position probe, with `compiled` the compiled rounds' one, and the row-invariance
+        probe of batched steps up to `rows` rows (where the model batches)."""
         if self.verifies_positions() and compiled and self._compiled_positions is None:
             self._compiled_positions = self._settle_compiled_rounds()
+        if rows > 1:
+            self.can_decode_batch([self.make_cache()], rows)
 
     def _settle_compiled_rounds(self) -> bool:
         """Probe the compiled rounds; where they run (plain caches), time the step sizes through
@@ -352,10 +355,11 @@ class MlxAutoregressiveBinding:
         return rows <= self._invariant_rows
 
     def decode_batch(self, tokens: mx.array, caches: Sequence[list[LayerCache]],
-                     lengths: Sequence[int] | None = None) -> mx.array:
-        """(R, vocab) float32 logits: sequence i feeds its next `lengths[i]` of `tokens` (default
-        one) into `caches[i]` (see `can_decode_batch`)."""
-        logits = batched.decode_batch(self.model, tokens, caches, lengths)
+                     lengths: Sequence[int] | None = None, logits_of: Sequence[int] | None = None) -> mx.array:
+        """float32 logits: sequence i feeds its next `lengths[i]` of `tokens` (default one) into
+        `caches[i]`; the logits of its last `logits_of[i]` rows (default all) follow the rows of
+        the sequences before it (see `can_decode_batch`)."""
+        logits = batched.decode_batch(self.model, tokens, caches, lengths, logits_of)
         for row in caches:
             maybe_quantize(row, self.kv_scheme)
         return logits

@@ -15,7 +15,7 @@ from typing import Any
 import uvicorn
 
 from mlxkv_inference import MlxAutoregressiveBinding, load_binding
-from mlxkv_inference.engine.scheduler import DEFAULT_MAX_BATCH
+from mlxkv_inference.engine.scheduler import DEFAULT_MAX_BATCH, JOIN_MAX_ROWS
 from mlxkv_serve import ServeConfig, bounded_http_protocol, build_app
 from mlxkv_serve.config import loopback_hosts
 
@@ -145,7 +145,8 @@ def check_args(args: argparse.Namespace) -> None:
 
 def build_engine(args: argparse.Namespace, binding: MlxAutoregressiveBinding) -> LocalEngine:
     """The engine `serve` runs, with the command line's cache, checkpoint, queue and generation settings."""
-    binding.warm_up(compiled=args.compiled_decode)  # the probes the scheduler and speculation use, before the first request
+    # the probes the scheduler and speculation use, before the first request
+    binding.warm_up(compiled=args.compiled_decode, rows=JOIN_MAX_ROWS)
     draft = prepare_speculation(args, binding)
     tiers, cold = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max,
                               checkpoint_ttl_s=args.checkpoint_ttl * 3600, draft=draft if args.generation_checkpoint else None)

@@ -15,7 +15,7 @@ from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.engine.constraint import Grammar, GrammarConstraint
 from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
 from mlxkv_inference.engine.logits import context_window, make_logits_processors
-from mlxkv_inference.cache.reuse import covered_tokens, frozen_copy
+from mlxkv_inference.cache.reuse import all_trimmable, covered_tokens, frozen_copy
 from mlxkv_inference.engine.loop import Ahead, Decoder, Drawn, PrefillProgress, SequenceRun, TokenStep
 from mlxkv_inference.engine.proposers import DraftModel, DraftState, PromptLookup, Proposer
 from mlxkv_inference.engine.sampling import SamplingParams, choose_seed, make_sampler
@@ -98,11 +98,14 @@ class GenerationResult:
 
 class Generation:
     """One generation: iterate for `TextDelta`s, then read `result`; or let a scheduler drive it
-    (`start`, `prefill` under a token budget, one `step_input` and `accept` per decode step,
-    `finish`), alone or with others.
+    (`start`, `prefill` under a token budget or `join` its first decode step with the prompt's
+    rest, one `step_input` and `accept` per decode step, `finish`), alone or with others.
 
     Generated token ids exclude the EOS token and any token after a stop string. The one way to
     continue a generation is `resume`: its caches already hold the prompt and the generated tokens.
+    `on_snapshot(tokens, caches)` is called at each of the prompt's `snapshot_at` points with
+    caches holding `tokens`, or, where the prompt's rest rode in a decode step (`join`), holding
+    the whole prompt: trimmable caches, whose first `len(tokens)` positions are the snapshot.
     """
 
     def __init__(
@@ -143,6 +146,8 @@ class Generation:
         self._draft_model = proposer if isinstance(proposer, DraftModel) else None
         self._drafts: list[int] = []  # the open round's drafts (empty: a plain step)
         self._round_rows = 0  # positions the open step feeds
+        self._joining = False  # the rest of the prompt rides in the next decode step (see `join`)
+        self._joined = False  # the open step feeds the rest of the prompt: its last position samples
         self._drawn: Drawn | None = None  # a plain step's sampling graph, drawn before `accept`
         self._ahead: deque[Ahead] = deque()  # tokens a pipelined step drew and fed on, unread (oldest first)
         self._alone_since = 0.0  # when a step this generation drives alone started (0: batched)
@@ -211,7 +216,7 @@ class Generation:
     @property
     def prefilling(self) -> bool:
         """Whether prompt tokens are left to feed, or to evaluate (see `prefill`)."""
-        return not self.done and (self._run.prefill_left > 0 or self._run.unevaluated > 0)
+        return not self.done and not self._joining and (self._run.prefill_left > 0 or self._run.unevaluated > 0)
 
     def prefill(self, budget: int, interrupt: Interrupt | None = None) -> int:
         """Feed up to `budget` prompt tokens (stopping at the next snapshot point, which is then
@@ -233,6 +238,38 @@ class Generation:
             if not run.unevaluated:  # else once `finish_chunk` has evaluated the chunk an interrupt stopped
                 self.finish_chunk()
         return run.cached - before
+
+    def can_join(self, most: int) -> bool:
+        """Whether the rest of the prompt and its last token (at most `most` positions) may be
+        fed in one forward with the first decode step (`join`): a prefill not stopped mid-chunk,
+        a model whose forward over several positions is bitwise single steps (so the chunks a
+        prompt is fed in change nothing), caches that neither wrap a sliding window nor cross
+        the KV scheme's quantization start over those positions (`round_fits`), and snapshot
+        points left only where trimmable caches serve them from the state after the step."""
+        run = self._run
+        positions = run.prefill_left + 1
+        if not self.prefilling or run.unevaluated or self._resume is not None or positions > most:
+            return False
+        if not self._binding.verifies_positions() or round_fits(self.caches, positions, self._binding.kv_scheme) < positions:
+            return False
+        return self._on_snapshot is None or not any(p > run.cached for p in self._points) or all_trimmable(self.caches)
+
+    def join(self) -> None:
+        """Feed the rest of the prompt with the first decode step (`can_join` said it may): the
+        generation is ready to step, `step_input` gives the prompt's rest and its last token, and
+        the first token is sampled from the last position (`logit_rows`). A step feeding several
+        sequences saves a forward a prompt (the decode rows no longer wait for a prefill forward
+        of their own), and a batched step runs the head on the prompt's last position alone."""
+        if not self.can_join(self._run.prefill_left + 1):
+            raise ValueError("this generation's prompt cannot be fed with its first decode step")
+        self._joining = True
+        self._points = [p for p in self._points if p > self._run.cached]  # the ones it passes
+
+    @property
+    def logit_rows(self) -> int:
+        """The open step's last rows whose logits `draw` and `accept` read: the last one where
+        the step feeds the prompt's rest (`join`), else every row it feeds."""
+        return 1 if self._joined else self._round_rows
 
     @property
     def unevaluated(self) -> int:
@@ -257,8 +294,8 @@ class Generation:
 
     @property
     def prefill_left(self) -> int:
-        """Prompt tokens still to prefill."""
-        return self._run.prefill_left if not self.done else 0
+        """Prompt tokens still to prefill (none once they ride in the next step: `join`)."""
+        return self._run.prefill_left if not self.done and not self._joining else 0
 
     @property
     def prefill_chunk(self) -> int:
@@ -269,17 +306,24 @@ class Generation:
         speculative round (if this step speculates). `batch`: the rows the step feeds besides
         this generation's drafts (its own pending token included); `sequences`: the generations
         sharing the step (this one included)."""
-        self._drafts = self._draft(batch, sequences)
-        tokens = self._run.round_input(self._drafts) if self._drafts else self._run.decode_input()
+        if self._joining:
+            self._joining, self._joined, self._drafts = False, True, []
+            tokens = self._run.join_input()
+        else:
+            self._drafts = self._draft(batch, sequences)
+            tokens = self._run.round_input(self._drafts) if self._drafts else self._run.decode_input()
         self._round_rows = int(tokens.size)
         return tokens
 
     def decode_alone(self, tokens: mx.array | None = None) -> mx.array:
         """(L, vocab) logits of feeding `tokens` (default: `step_input()`) through this
-        generation's own graph."""
+        generation's own graph ((1, vocab) of the last position where they carry the prompt's
+        rest: `join`)."""
         if tokens is None:
             tokens = self.step_input()
         self._alone_since = time.perf_counter()
+        if self._joined:  # the graph: a compiled step would trace every prompt length anew
+            return self._binding.decode(tokens, self.caches)
         return self._decoder(tokens)
 
     def draw(self, logits: mx.array) -> list[mx.array]:
@@ -288,7 +332,7 @@ class Generation:
         a row cost ~0.2 ms a row), none where the step is a speculative round."""
         if self._drafts or self._cancelled:
             return []
-        self._drawn = self._run.draw(logits)
+        self._drawn = self._run.draw(logits[-1:] if self._joined else logits)
         return list(self._drawn)
 
     def accept(self, logits: mx.array | None) -> list[TextDelta]:
@@ -297,6 +341,11 @@ class Generation:
         resumed generation's pending token. A checkpoint due at one of them is taken once the
         caches hold exactly the tokens before it."""
         drawn, self._drawn = self._drawn, None
+        if self._joined:  # the step fed the prompt's rest: its last position samples
+            self._joined = False
+            logits = logits[-1:] if logits is not None else None
+            if not self._cancelled:
+                self._prefilled()
         if self._cancelled:
             if self._drafts:
                 self._run.end_round(1)
@@ -400,6 +449,18 @@ class Generation:
             cache.trim(len(self._ahead))
         self._run.retreat(self._ahead[0])
         self._ahead.clear()
+
+    def _prefilled(self) -> None:
+        """What a prefill does at its points, once a step that fed the prompt's rest (`join`) is
+        evaluated: the snapshots (from caches holding the whole prompt: trimmable, see
+        `can_join`) and the progress report."""
+        snapshot = self._on_snapshot
+        if snapshot is not None:
+            for point in self._points:
+                snapshot(self.prompt[:point], self.caches)
+        self._points = []
+        if self._on_prefill_progress is not None and self._prefill_total > 0:
+            self._on_prefill_progress(self._prefill_total, self._prefill_total)
 
     def _checkpoint_due(self, n: int) -> bool:
         """Whether taking the `n`th produced token (0-based) takes a checkpoint (see `_take`)."""

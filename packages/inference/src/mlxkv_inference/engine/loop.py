@@ -142,6 +142,17 @@ class SequenceRun:
         assert self._next is not None and self.prefill_left == 0 and self._pending is None
         return self._next
 
+    def join_input(self) -> mx.array:
+        """The prompt's rest and its last token, fed in the step that samples the first token,
+        instead of a prefill and then `decode_input()` (the same values where one forward over
+        several positions is bitwise single steps); `draw` samples from the last position's
+        logits. From here on the prompt counts as fed."""
+        if self.unevaluated or self._pending is not None or self.prefill_left < 1:
+            raise ValueError("only an unstarted or evenly stopped prefill with prompt tokens left joins a step")
+        tokens = self.prompt[self.cached :]
+        self.cached = self.prefill_end
+        return mx.array(tokens, dtype=mx.uint32)
+
     def round_input(self, drafts: Sequence[int]) -> mx.array:
         """The (1 + len(drafts),) tokens a speculative round feeds: the pending token, then the
         drafts; the round stays open until `end_round`."""

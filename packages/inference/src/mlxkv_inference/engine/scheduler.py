@@ -2,7 +2,9 @@
 
     step:  prefill  the prefilling generations with the least prompt left first (the least
                     prefill time left, under a time bound), within the step's token budget;
-                    a prompt passed over in MAX_PASSED_OVER steps in a row goes first
+                    a prompt passed over in MAX_PASSED_OVER steps in a row goes first;
+                    a prompt whose rest the step takes whole rides in the decode forward instead
+                    (`Generation.join`, up to JOIN_MAX_ROWS rows a step): no forward of its own
            decode   one token for every generation past its prefill, as one batched step:
                     stacked rows through every linear, attention per row against its own caches;
                     a generation speculating this step brings its drafts as more rows (its own
@@ -44,6 +46,10 @@ WHOLE_STEPS = 1.5  # a prompt's rest estimated within this many step times is fe
 # Steps in a row a prompt may wait while others prefill before its next chunk comes first (see
 # `_prefill`): under a stream of shorter prompts a long one still gets one step in this many + 1.
 MAX_PASSED_OVER = 4
+# The most rows a step that feeds prompts with its decode rows may have (`join`): the
+# row-invariance probe covers them at warm-up (~1 s for the embedded model; each size above it
+# stalls the first step that needs it).
+JOIN_MAX_ROWS = 64
 Arrival = Callable[[], int | None]  # the prompt tokens of a request waiting to start after this step (None: none)
 
 
@@ -113,7 +119,8 @@ class BatchScheduler:
         newcomer's prefill is estimated shorter than the rest of the prompt prefilling (the order
         the next step would run them in), the step's prefill ends there (the rest of the chunk is
         evaluated in that prompt's next turn; see `evaluate_layers`), so the newcomer waits for a
-        layer and this step's decode rows, not for a whole chunk."""
+        layer and this step's decode rows, not for a whole chunk. (A prompt riding in the decode
+        forward, `Generation.join`, is part of those rows: at most `JOIN_MAX_ROWS` of them.)"""
         self.largest_batch = max(self.largest_batch, len(self.running))
         outcomes: dict[int, StepOutcome] = {}
         for generation in self.running:
@@ -167,7 +174,7 @@ class BatchScheduler:
         token its last step drew (not read yet), start evaluating it, then read the tokens in
         flight. The graph (~7 ms of Python at eight rows) is built while the last step evaluates,
         not between steps (`tools.bench_batch`: 1.0-1.2x the unpipelined tok/s on this 2-core
-        machine, where the kernels keep both cores busy most of a step). A generation joining gets
+        machine, where the kernels keep both cores busy most of a step). A generation starting gets
         its first token from this step in the next one; one whose read ends it drops the token
         it fed on (`Generation.read_ahead`)."""
         reading = [g for g in self.running if g.in_flight]
@@ -224,6 +231,7 @@ class BatchScheduler:
         deadline = time.perf_counter() + self.prefill_step_s
         completed, turns = False, 0
         served: set[int] = set()  # generations given a turn this step
+        joined: dict[int, int] = {}  # generation -> the rows it feeds in this step's decode forward
         for generation in sorted(waiting, key=lambda g: (*self._starvation(g), *self._prefill_order(g, timed))):
             take = min(generation.prefill_chunk, budget) if splittable else generation.prefill_chunk
             if budget <= 0 or (completed and (generation.prefill_left > budget or generation.unevaluated)):
@@ -244,6 +252,7 @@ class BatchScheduler:
                 if budget <= 0:
                     break
                 take = min(generation.prefill_chunk, budget) if splittable else generation.prefill_chunk
+            seconds: float | None = None
             if timed:
                 seconds, left_s = self._token_seconds_of(generation, take), deadline - time.perf_counter()
                 if seconds is not None:
@@ -261,6 +270,14 @@ class BatchScheduler:
             served.add(id(generation))
             self._steps += 1
             self._prefilled_at[id(generation)] = self._steps
+            left = generation.prefill_left
+            if take >= left and self._joins(generation, joined, outcomes):
+                generation.join()  # its prompt rides in the decode forward: no forward of its own
+                joined[id(generation)] = left + 1
+                budget -= left
+                deadline -= left * seconds if seconds is not None else 0.0  # the time it will take there
+                completed = True
+                continue
             started = time.perf_counter()
             try:
                 fed = self._prefill_turn(generation, take, splittable, interrupt)
@@ -279,6 +296,20 @@ class BatchScheduler:
         for generation in waiting:
             passed = turns > 0 and id(generation) not in served
             self._passed_over[id(generation)] = (self._passed_over.get(id(generation), 0) + 1) if passed else 0
+
+    def _joins(self, generation: Generation, joined: dict[int, int], outcomes: dict[int, StepOutcome]) -> bool:
+        """Whether `generation`'s prompt rest, taken whole this step, rides in the decode forward
+        (`Generation.join`): it may (`can_join`), and the step, with the prompts joined already,
+        stays within `JOIN_MAX_ROWS` rows that run batched exactly (a row for each stepping
+        generation and for each other prompt that may still complete this step; drafts come on
+        top, and a step past the rows probed probes once more)."""
+        rows = generation.prefill_left + 1
+        steppers = [g for g in self.running if id(g) not in outcomes and not g.done and not g.prefilling]
+        rows += sum(joined.get(id(g), 1) for g in steppers)
+        rows += sum(1 for g in self.running if g.prefilling and g is not generation and id(g) not in outcomes)
+        if rows > JOIN_MAX_ROWS or not generation.can_join(JOIN_MAX_ROWS):
+            return False
+        return self.binding.can_decode_batch([g.caches for g in steppers] + [generation.caches], rows)
 
     def _starved(self, generation: Generation) -> bool:
         return self._passed_over.get(id(generation), 0) >= MAX_PASSED_OVER
@@ -364,7 +395,8 @@ class BatchScheduler:
             others = rows + len(stepping) - i if shared else 1
             inputs.append(generation.step_input(others, len(stepping) if shared else 1))
             rows += int(inputs[-1].size)
-        if len(stepping) > 1 and self.binding.can_decode_batch([g.caches for g in stepping], rows):
+        joined = any(g.logit_rows < int(t.size) for g, t in zip(stepping, inputs))
+        if (len(stepping) > 1 or joined) and self.binding.can_decode_batch([g.caches for g in stepping], rows):
             self._decode_batched(stepping, inputs, outcomes)
             return
         for generation, tokens in zip(stepping, inputs):
@@ -379,10 +411,11 @@ class BatchScheduler:
                         outcomes: dict[int, StepOutcome]) -> None:
         started = time.perf_counter()
         lengths = [int(t.size) for t in inputs]
+        wanted = [g.logit_rows for g in stepping]  # a joined prompt's last position, every other row
         try:
-            logits = self.binding.decode_batch(mx.concatenate(list(inputs)), [g.caches for g in stepping], lengths)
-            ends = list(itertools.accumulate(lengths))
-            own = [logits[end - length : end] for length, end in zip(lengths, ends)]  # each generation's rows
+            logits = self.binding.decode_batch(mx.concatenate(list(inputs)), [g.caches for g in stepping], lengths, wanted)
+            ends = list(itertools.accumulate(wanted))
+            own = [logits[end - n : end] for n, end in zip(wanted, ends)]  # each generation's rows
             mx.eval([a for generation, rows in zip(stepping, own) for a in generation.draw(rows)])  # every plain row at once
             accepted = [generation.accept(rows) for generation, rows in zip(stepping, own)]
         except Exception as e:  # noqa: BLE001 - the rows shared the step: each of them failed
@@ -390,7 +423,8 @@ class BatchScheduler:
                 outcomes[id(generation)] = StepOutcome(generation, (), False, e)
             return
         self.batched_steps += 1
-        self.binding.step_costs.record(sum(lengths), time.perf_counter() - started)
+        if wanted == lengths:  # a step with a joined prompt ran the head on fewer rows than it fed
+            self.binding.step_costs.record(sum(lengths), time.perf_counter() - started)
         for generation, deltas in zip(stepping, accepted):
             outcomes[id(generation)] = StepOutcome(generation, tuple(deltas), False)
 

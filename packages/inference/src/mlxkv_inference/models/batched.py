@@ -1,8 +1,10 @@
 """A batched decode step over mlx-lm's llama-style graphs.
 
-    rows  t0 t1 ... t(R-1)                 L_i consecutive tokens of sequence i (1, or a
-                                           speculative round's pending token and drafts)
-    embed, norms, q/k/v/o projections, MLP, lm_head: one (R, 1, D) product per weight
+    rows  t0 t1 ... t(R-1)                 L_i consecutive tokens of sequence i (1, a
+                                           speculative round's pending token and drafts, or a
+                                           prompt's rest with its first decode step)
+    embed, norms, q/k/v/o projections, MLP: one (R, 1, D) product per weight
+    final norm, lm_head:                   the rows whose logits are asked for (`logits_of`)
     RoPE, cache update, attention:        per sequence, its L_i positions against its own
                                            cache (no padding), as its own forward runs them;
                                            with native attention one kernel call a layer for
@@ -68,15 +70,21 @@ def rows_invariant(model: nn.Module, max_rows: int, checked: int = 1) -> bool:
 
 
 def decode_batch(model: nn.Module, tokens: mx.array, caches: Sequence[Sequence[LayerCache]],
-                 lengths: Sequence[int] | None = None) -> mx.array:
-    """(R, vocab) float32 logits of every row: sequence i feeds the next `lengths[i]` tokens
-    (default one each) into `caches[i]`."""
+                 lengths: Sequence[int] | None = None, logits_of: Sequence[int] | None = None) -> mx.array:
+    """float32 logits: sequence i feeds the next `lengths[i]` tokens (default one each) into
+    `caches[i]`; the logits of its last `logits_of[i]` rows (default all), sequence by sequence
+    (a prompt fed with its first decode step needs its last position's alone: the head over
+    the other positions would cost a fifth of the step)."""
     spans = _spans(lengths if lengths is not None else [1] * len(caches))
     inner: Any = getattr(model, "model")
     h: mx.array = inner.embed_tokens(tokens.reshape(-1, 1))
     for index, layer in enumerate(inner.layers):
         h = h + _attention(layer.self_attn, layer.input_layernorm(h), [row[index] for row in caches], spans)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
+    if logits_of is not None:
+        kept = [r for (a, b), n in zip(spans, logits_of, strict=True) for r in range(max(b - n, a), b)]
+        if len(kept) < h.shape[0]:
+            h = h[mx.array(kept)]  # row-wise from here on: each kept row as in the whole batch
     h = inner.norm(h)
     head: Any = getattr(model, "lm_head", None)
     logits: mx.array = inner.embed_tokens.as_linear(h) if head is None else head(h)
