@@ -476,7 +476,7 @@ class RefusesBatches(RecordsForwards):
         return not self.refuse and super().can_decode_batch(caches, rows)
 
 
-def test_a_joined_prompt_whose_step_cannot_batch_runs_its_own_forward_and_stays_exact() -> None:
+def test_a_joined_prompt_whose_step_cannot_batch_runs_its_own_forward_and_stays_exact(monkeypatch: pytest.MonkeyPatch) -> None:
     """Decided to join, then the step runs a graph per row: the prompt's rest and its last token
     go through its own graph in one forward; the snapshot and the progress of its prefill are
     reported once that step is taken, from caches holding the whole prompt."""
@@ -496,7 +496,7 @@ def test_a_joined_prompt_whose_step_cannot_batch_runs_its_own_forward_and_stays_
         prefill(*args)
         binding.refuse = True
 
-    scheduler._prefill = then_refuse  # type: ignore[method-assign]
+    monkeypatch.setattr(scheduler, "_prefill", then_refuse)
     [outcome] = scheduler.step()
     assert binding.batches == [] and binding.fed == 0 and [d.step is not None for d in outcome.deltas] == [True]
     assert snapshots == [(10, 24), (23, 24)] and progress == [(0, 23), (23, 23)]
