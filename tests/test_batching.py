@@ -504,3 +504,25 @@ def test_a_joined_prompt_whose_step_cannot_batch_runs_its_own_forward_and_stays_
         scheduler.step()
     assert generation.result is not None
     assert generation.result.token_ids == Generation(binding, prompt, params).run().token_ids
+
+
+def test_a_new_prompt_is_estimated_from_the_latest_joined_prompts_step() -> None:
+    """A prompt that rode in a decode step had no chunk of its own to time: that step's seconds a
+    position are what the next new prompt is estimated at (not decode-row costs of 1 s a token,
+    which would cut it to the fewest timed tokens)."""
+    binding = tiny("llama", False)
+    assert binding.verifies_positions()
+    params = GenerationParams(max_tokens=2, prefill_chunk=64, ignore_eos=True)
+    first, second = (Generation(binding, make_prompt(n, seed=n), params) for n in (20, 36))
+    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64, prefill_step_s=0.3)
+    scheduler.add(first)
+    scheduler.step()
+    assert not first.prefilling and first.result is None  # joined: its first token in that step
+    while scheduler.running:
+        scheduler.step()
+    binding.step_costs = StepCosts()
+    binding.step_costs.record(1, 1.0)
+    binding.step_costs.record(64, 64.0)
+    scheduler.add(second)
+    scheduler.step()
+    assert second.prefill_left == 0 and not second.prefilling

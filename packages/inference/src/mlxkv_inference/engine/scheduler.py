@@ -423,8 +423,13 @@ class BatchScheduler:
                 outcomes[id(generation)] = StepOutcome(generation, (), False, e)
             return
         self.batched_steps += 1
-        if wanted == lengths:  # a step with a joined prompt ran the head on fewer rows than it fed
-            self.binding.step_costs.record(sum(lengths), time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        if wanted == lengths:
+            self.binding.step_costs.record(sum(lengths), seconds)
+        elif any(n < length and not g.cached_tokens for g, n, length in zip(stepping, wanted, lengths)):
+            # A new prompt's only chunk was this step (no head on its positions, unlike the
+            # forwards step costs time): what the next new prompt's tokens are estimated at.
+            self._fresh_seconds = seconds / sum(lengths)
         for generation, deltas in zip(stepping, accepted):
             outcomes[id(generation)] = StepOutcome(generation, tuple(deltas), False)
 
