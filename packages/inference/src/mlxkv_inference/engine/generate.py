@@ -266,6 +266,11 @@ class Generation:
         self._points = [p for p in self._points if p > self._run.cached]  # the ones it passes
 
     @property
+    def joining_rows(self) -> int:
+        """The rows the next step feeds for the prompt's rest and its last token (0: no `join`)."""
+        return self._run.prefill_left + 1 if self._joining else 0
+
+    @property
     def logit_rows(self) -> int:
         """The open step's last rows whose logits `draw` and `accept` read: the last one where
         the step feeds the prompt's rest (`join`), else every row it feeds."""
@@ -301,16 +306,17 @@ class Generation:
     def prefill_chunk(self) -> int:
         return self._params.prefill_chunk
 
-    def step_input(self, batch: int = 1, sequences: int = 1) -> mx.array:
+    def step_input(self, batch: int = 1, sequences: int = 1, most_drafts: int | None = None) -> mx.array:
         """The tokens the next decode step feeds: the pending token, then the drafts of a
-        speculative round (if this step speculates). `batch`: the rows the step feeds besides
-        this generation's drafts (its own pending token included); `sequences`: the generations
-        sharing the step (this one included)."""
+        speculative round (if this step speculates), at most `most_drafts`; or the prompt's rest
+        and its last token (`join`). `batch`: the rows the step feeds besides this generation's
+        drafts (its own pending token included); `sequences`: the generations sharing the step
+        (this one included)."""
         if self._joining:
             self._joining, self._joined, self._drafts = False, True, []
             tokens = self._run.join_input()
         else:
-            self._drafts = self._draft(batch, sequences)
+            self._drafts = self._draft(batch, sequences, most_drafts)
             tokens = self._run.round_input(self._drafts) if self._drafts else self._run.decode_input()
         self._round_rows = int(tokens.size)
         return tokens
@@ -466,14 +472,15 @@ class Generation:
         """Whether taking the `n`th produced token (0-based) takes a checkpoint (see `_take`)."""
         return n > 0 and bool(self._checkpoint_every) and self._on_checkpoint is not None and n % self._checkpoint_every == 0
 
-    def _draft(self, batch: int, sequences: int) -> list[int]:
+    def _draft(self, batch: int, sequences: int, most: int | None = None) -> list[int]:
         """Drafts for the next step, as many as may be verified in one forward exactly: within
         max_tokens, not past a checkpoint (one may fall only on a round's last token, when the
         caches hold exactly the tokens before it), and where `round_fits` allows."""
         spec = self._speculating
         if spec is None:
             return []
-        return spec.drafts(self._history(), self._draft_limit(spec, self._emitted), batch, sequences)
+        limit = self._draft_limit(spec, self._emitted)
+        return spec.drafts(self._history(), limit if most is None else min(limit, most), batch, sequences)
 
     @property
     def _speculating(self) -> Speculator | None:

@@ -388,14 +388,17 @@ class BatchScheduler:
         shared = len(stepping) > 1 and self.binding.can_decode_batch([g.caches for g in stepping])
         inputs: list[mx.array] = []
         rows = 0
+        least = [g.joining_rows or 1 for g in stepping]  # a joined prompt's rows, else its pending token
+        joined = any(g.joining_rows for g in stepping)
         for i, generation in enumerate(stepping):
             # The step's rows besides this generation's drafts: what the ones before it chose,
-            # one row for each after it. (Each judging its drafts against a step of one row per
-            # generation, all eight of a batch drafted, and the 16-row step cost what none expected.)
-            others = rows + len(stepping) - i if shared else 1
-            inputs.append(generation.step_input(others, len(stepping) if shared else 1))
+            # the least of this one and of each after it. (Each judging its drafts against a step
+            # of one row per generation, all eight of a batch drafted, and the 16-row step cost
+            # what none expected.) A step carrying a prompt keeps within the rows probed for it.
+            others = rows + sum(least[i:]) if shared else 1
+            most = max(JOIN_MAX_ROWS - others, 0) if joined else None
+            inputs.append(generation.step_input(others, len(stepping) if shared else 1, most))
             rows += int(inputs[-1].size)
-        joined = any(g.logit_rows < int(t.size) for g, t in zip(stepping, inputs))
         if (len(stepping) > 1 or joined) and self.binding.can_decode_batch([g.caches for g in stepping], rows):
             self._decode_batched(stepping, inputs, outcomes)
             return
