@@ -377,9 +377,15 @@ def test_a_long_prompt_under_a_stream_of_short_ones_still_prefills(max_batch: in
     # every short in the batch.
     turns = steps // (max(max_batch, MAX_PASSED_OVER) + 1)
     assert long.prefilling and before - long.prefill_left >= chunk * turns
+    run_out_as_alone(scheduler, binding, [long, *shorts], params)
+
+
+def run_out_as_alone(scheduler: BatchScheduler, binding: MlxAutoregressiveBinding, generations: list[Generation],
+                     params: GenerationParams) -> None:
+    """Steps `scheduler` until every generation ended: each got the tokens of its prompt run alone with `params`."""
     while scheduler.running:
         scheduler.step()
-    for generation in (long, *shorts):
+    for generation in generations:
         assert generation.result is not None
         assert generation.result.token_ids == Generation(binding, generation.prompt, params).run().token_ids
 
@@ -423,11 +429,7 @@ def test_a_short_prompt_rides_in_the_decode_step_and_gets_the_tokens_it_gets_alo
     outcomes = {id(o.generation): o for o in scheduler.step()}
     assert binding.batches[-1] == ([1, 25], [1, 1]) and binding.fed == 0
     assert [d.step.step for d in outcomes[id(second)].deltas if d.step is not None] == [0]
-    while scheduler.running:
-        scheduler.step()
-    for generation in (first, second):
-        assert generation.result is not None
-        assert generation.result.token_ids == Generation(binding, generation.prompt, params).run().token_ids
+    run_out_as_alone(scheduler, binding, [first, second], params)
 
 
 def test_a_prompt_whose_rest_would_cross_the_kv_quantization_start_prefills_on_its_own() -> None:
@@ -446,11 +448,7 @@ def test_a_prompt_whose_rest_would_cross_the_kv_quantization_start_prefills_on_i
         scheduler.add(generation)
     scheduler.step()
     assert binding.fed > 0 and binding.batches[0] == ([12, 1], [1, 1])
-    while scheduler.running:
-        scheduler.step()
-    for generation in (short, long):
-        assert generation.result is not None
-        assert generation.result.token_ids == Generation(binding, generation.prompt, params).run().token_ids
+    run_out_as_alone(scheduler, binding, [short, long], params)
 
 
 def test_the_logits_of_chosen_rows_are_bitwise_those_rows_of_the_whole_step() -> None:
@@ -500,10 +498,7 @@ def test_a_joined_prompt_whose_step_cannot_batch_runs_its_own_forward_and_stays_
     [outcome] = scheduler.step()
     assert binding.batches == [] and binding.fed == 0 and [d.step is not None for d in outcome.deltas] == [True]
     assert snapshots == [(10, 24), (23, 24)] and progress == [(0, 23), (23, 23)]
-    while scheduler.running:
-        scheduler.step()
-    assert generation.result is not None
-    assert generation.result.token_ids == Generation(binding, prompt, params).run().token_ids
+    run_out_as_alone(scheduler, binding, [generation], params)
 
 
 def test_a_new_prompt_is_estimated_from_the_latest_joined_prompts_step() -> None:
@@ -551,9 +546,4 @@ def test_a_step_carrying_a_prompt_keeps_its_neighbours_drafts_within_the_rows_pr
     [(lengths, logits_of)] = binding.batches
     assert logits_of is not None and lengths[-1] == JOIN_MAX_ROWS - 10 and logits_of[-1] == 1
     assert sum(lengths) == JOIN_MAX_ROWS and lengths[0] > 1  # drafts, cut to the room left
-    while scheduler.running:
-        scheduler.step()
-    plain = replace(params, speculative=SpeculativeParams())
-    for generation in (*running, newcomer):
-        assert generation.result is not None
-        assert generation.result.token_ids == Generation(binding, generation.prompt, plain).run().token_ids
+    run_out_as_alone(scheduler, binding, [*running, newcomer], replace(params, speculative=SpeculativeParams()))
