@@ -394,8 +394,8 @@ class RecordsForwards(MlxAutoregressiveBinding):
     """Records each batched forward's rows a sequence and rows of logits a sequence, and counts
     the forwards a prefill feeds on its own."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.batches: list[tuple[list[int], list[int] | None]] = []
         self.fed = 0
 

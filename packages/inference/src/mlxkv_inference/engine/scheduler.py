@@ -233,7 +233,6 @@ class BatchScheduler:
         deadline = time.perf_counter() + self.prefill_step_s
         completed, turns = False, 0
         served: set[int] = set()  # generations given a turn this step
-        joined: dict[int, int] = {}  # generation -> the rows it feeds in this step's decode forward
         for generation in sorted(waiting, key=lambda g: (*self._starvation(g), *self._prefill_order(g, timed))):
             take = min(generation.prefill_chunk, budget) if splittable else generation.prefill_chunk
             if budget <= 0 or (completed and (generation.prefill_left > budget or generation.unevaluated)):
@@ -273,9 +272,8 @@ class BatchScheduler:
             self._steps += 1
             self._prefilled_at[id(generation)] = self._steps
             left = generation.prefill_left
-            if take >= left and self._joins(generation, joined, outcomes):
+            if take >= left and self._joins(generation, outcomes):
                 generation.join()  # its prompt rides in the decode forward: no forward of its own
-                joined[id(generation)] = left + 1
                 budget -= left
                 deadline -= left * seconds if seconds is not None else 0.0  # the time it will take there
                 completed = True
@@ -299,7 +297,7 @@ class BatchScheduler:
             passed = turns > 0 and id(generation) not in served
             self._passed_over[id(generation)] = (self._passed_over.get(id(generation), 0) + 1) if passed else 0
 
-    def _joins(self, generation: Generation, joined: dict[int, int], outcomes: dict[int, StepOutcome]) -> bool:
+    def _joins(self, generation: Generation, outcomes: dict[int, StepOutcome]) -> bool:
         """Whether `generation`'s prompt rest, taken whole this step, rides in the decode forward
         (`Generation.join`): it may (`can_join`), and the step, with the prompts joined already,
         stays within `JOIN_MAX_ROWS` rows that run batched exactly (a row for each stepping
@@ -307,7 +305,7 @@ class BatchScheduler:
         top, and a step past the rows probed probes once more)."""
         rows = generation.prefill_left + 1
         steppers = [g for g in self.running if id(g) not in outcomes and not g.done and not g.prefilling]
-        rows += sum(joined.get(id(g), 1) for g in steppers)
+        rows += sum(g.joining_rows or 1 for g in steppers)
         rows += sum(1 for g in self.running if g.prefilling and g is not generation and id(g) not in outcomes)
         if rows > JOIN_MAX_ROWS or not generation.can_join(JOIN_MAX_ROWS):
             return False
