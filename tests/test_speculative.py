@@ -442,3 +442,37 @@ def test_a_draft_models_first_reading_of_the_prompt_is_not_charged_to_its_drafts
     assert first and now[0] > 100.0  # the prompt was read, then drafted after
     spec.observe(first, [*first, 7])  # all accepted
     assert spec.drafts([*history, *first, 7], 4)  # drafting still pays
+
+
+def test_a_step_that_traced_its_compiled_graph_is_not_timed_as_a_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first call of a compiled step of a new size (or of new input shapes) traces it: timed
+    as a step, it would cost that size ~10x for good (the adaptive length would not pick it to
+    measure it again)."""
+    binding = make_tiny_binding("llama", seed=4)
+    compiled = binding.decode_compiled
+    calls: list[tuple[int, bool]] = []  # (rows, traced) of every compiled step
+
+    def watched(tokens: mx.array, caches: list[Any]) -> mx.array | None:
+        logits = compiled(tokens, caches)
+        calls.append((int(tokens.size), binding.compiled_step_traced))
+        return logits
+
+    class Recorded(StepCosts):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[int] = []
+
+        def record(self, rows: int, seconds: float) -> None:
+            self.rows.append(rows)
+            super().record(rows, seconds)
+
+    binding.verifies_positions()  # its calibration records nothing: it replaces
+    binding.step_costs = costs = Recorded()
+    monkeypatch.setattr(binding, "decode_compiled", watched)
+    spec = SpeculativeParams(mode="prompt_lookup", num_draft_tokens=4, adaptive=False)
+    for _ in range(2):  # the second run's steps of each size are traced already, save where a buffer grew
+        run(binding, repetitive_prompt(30), SAMPLINGS["greedy"], spec)
+    traced = [rows for rows, t in calls if t]
+    assert {rows for rows, _ in calls} == set(traced)  # every size traced once at least
+    assert len(traced) < len(calls) // 2
+    assert costs.rows == [rows for rows, t in calls if not t]

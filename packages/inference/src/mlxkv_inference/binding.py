@@ -138,6 +138,11 @@ class MlxAutoregressiveBinding:
         """How many distinct compiled decode steps exist (one per cache-kind combination)."""
         return self._compiled.num_traces
 
+    @property
+    def compiled_step_traced(self) -> bool:
+        """Whether the last `decode_compiled` traced its step (its time is not a step's)."""
+        return self._compiled.traced
+
     def release_thread_resources(self) -> None:
         """Drop compiled decode steps and MLX's buffer cache, from the thread that ran them.
 

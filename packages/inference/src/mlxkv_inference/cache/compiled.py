@@ -31,6 +31,8 @@ class CompiledDecoder:
     def __init__(self, model: nn.Module) -> None:
         self._model = model
         self._steps: dict[StepKey, tuple[StepFn, list[int]]] = {}
+        self._shapes: set[tuple[StepKey, tuple[tuple[int, ...], ...]]] = set()  # (step, its inputs' shapes) run
+        self.traced = False  # whether the last `step` traced (a new step, or inputs of new shapes)
 
     @property
     def num_traces(self) -> int:
@@ -38,6 +40,7 @@ class CompiledDecoder:
 
     def clear(self) -> None:
         self._steps.clear()
+        self._shapes.clear()
 
     def step(self, tokens: mx.array, caches: Sequence[LayerCache]) -> mx.array | None:
         """(L, vocab) logits of feeding the L `tokens`, or None when some cache cannot run
@@ -48,6 +51,7 @@ class CompiledDecoder:
         returned, so an exception from the step leaves each cache holding the same tokens at the
         same offset, which is all the uncompiled path needs.
         """
+        self.traced = False
         rows = int(tokens.size)
         plans = [c.prepare_decode_step(rows) for c in caches]
         if any(p is None for p in plans):
@@ -59,6 +63,9 @@ class CompiledDecoder:
             slots: list[DecodeSlot] = [c.decode_slot(p) for c, p in ready]
             self._steps[key] = (self._build(slots, [len(i) for i in inputs]), [s.num_outputs for s in slots])
         fn, counts = self._steps[key]
+        shapes = (key, tuple(tuple(a.shape) for group in inputs for a in group))
+        self.traced = shapes not in self._shapes  # MLX traces a call whose input shapes are new
+        self._shapes.add(shapes)
         outputs = fn(tokens.reshape(1, rows), *(a for group in inputs for a in group))
         logits, rest = outputs[0], outputs[1:]
         for (cache, plan), n in zip(ready, counts):

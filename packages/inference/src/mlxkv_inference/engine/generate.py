@@ -330,7 +330,10 @@ class Generation:
         self._alone_since = time.perf_counter()
         if self._joined:  # the graph: a compiled step would trace every prompt length anew
             return self._binding.decode(tokens, self.caches)
-        return self._decoder(tokens)
+        logits = self._decoder(tokens)
+        if self._decoder.traced:  # a step cost measured with a trace in it would put its size off for good
+            self._alone_since = 0.0
+        return logits
 
     def draw(self, logits: mx.array) -> list[mx.array]:
         """Build the sampling of a plain step's token from its (1, vocab) `logits`, for `accept`

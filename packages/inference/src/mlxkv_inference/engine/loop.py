@@ -245,10 +245,12 @@ class Decoder:
         self._caches = caches
         self.compiled = compiled
         self.compiled_rounds = compiled
+        self.traced = False  # whether the last call traced a compiled step (its time is no step's)
 
     def __call__(self, tokens: mx.array) -> mx.array:
         """(L, vocab) logits of feeding the L 1-D `tokens`."""
         single = tokens.size == 1
+        self.traced = False
         if self.compiled if single else self.compiled_rounds:
             try:
                 logits = self._binding.decode_compiled(tokens, self._caches)
@@ -261,6 +263,7 @@ class Decoder:
                     self.compiled_rounds = False
             else:
                 if logits is not None:
+                    self.traced = self._binding.compiled_step_traced
                     return logits
         if single:
             return self._binding.decode(tokens, self._caches)
