@@ -18,7 +18,7 @@ from mlxkv_inference import Generation, GenerationParams, Grammar, MlxAutoregres
 from mlxkv_inference.binding import Interrupt
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.engine.generate import ResumePoint
-from mlxkv_inference.engine.scheduler import JOIN_MAX_ROWS, MAX_PASSED_OVER, BatchScheduler
+from mlxkv_inference.engine.scheduler import STEP_MAX_ROWS, MAX_PASSED_OVER, BatchScheduler
 from mlxkv_inference.engine.speculation import SpeculativeParams, StepCosts
 from mlxkv_inference.models.batched import decode_batch, rows_invariant
 from tests.factories import greedy_token, make_prompt, make_tiny_binding
@@ -523,11 +523,11 @@ def test_a_new_prompt_is_estimated_from_the_latest_joined_prompts_step() -> None
     assert second.prefill_left == 0 and not second.prefilling
 
 
-def test_a_step_carrying_a_prompt_keeps_its_neighbours_drafts_within_the_rows_probed_for_it() -> None:
-    """Generations drafting all they can (the model drafting for itself: every draft accepted)
-    next to a joined prompt: their drafts are cut so the step stays within `JOIN_MAX_ROWS` (a
-    step past the rows probed would stall every sequence on a new probe), and every generation
-    still gets the tokens it gets alone without speculating."""
+def test_a_batched_step_keeps_its_drafts_within_the_rows_probed_for_it() -> None:
+    """Generations drafting all they can (the model drafting for itself: every draft accepted),
+    alone and next to a joined prompt: their drafts are cut so the step stays within
+    `STEP_MAX_ROWS` (a step past the rows probed would stall every sequence on a new probe), and
+    every generation still gets the tokens it gets alone without speculating."""
     binding = make_tiny_binding("llama", seed=4, native=True, binding_class=RecordsForwards)
     assert isinstance(binding, RecordsForwards) and binding.verifies_positions()
     eager = SpeculativeParams(mode="draft", num_draft_tokens=32, adaptive=False)
@@ -538,12 +538,13 @@ def test_a_step_carrying_a_prompt_keeps_its_neighbours_drafts_within_the_rows_pr
         scheduler.add(generation)
     scheduler.step()
     scheduler.step()
-    assert sum(binding.batches[-1][0]) > JOIN_MAX_ROWS  # 3 x (1 + 32) rows a step
-    newcomer = Generation(binding, make_prompt(JOIN_MAX_ROWS - 10, seed=3), params, draft=binding)
+    assert sum(binding.batches[-1][0]) == STEP_MAX_ROWS  # not 3 x (1 + 32) rows
+    assert binding.batches[-1][0][0] == 33  # the first drafts all it may
+    newcomer = Generation(binding, make_prompt(STEP_MAX_ROWS - 10, seed=3), params, draft=binding)
     scheduler.add(newcomer)
     binding.batches.clear()
     scheduler.step()
     [(lengths, logits_of)] = binding.batches
-    assert logits_of is not None and lengths[-1] == JOIN_MAX_ROWS - 10 and logits_of[-1] == 1
-    assert sum(lengths) == JOIN_MAX_ROWS and lengths[0] > 1  # drafts, cut to the room left
+    assert logits_of is not None and lengths[-1] == STEP_MAX_ROWS - 10 and logits_of[-1] == 1
+    assert sum(lengths) == STEP_MAX_ROWS and lengths[0] > 1  # drafts, cut to the room left
     run_out_as_alone(scheduler, binding, [*running, newcomer], replace(params, speculative=SpeculativeParams()))

@@ -14,7 +14,7 @@ import pytest
 from mlxkv.engine.local_engine import LocalEngine
 from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, SamplingParams
 from mlxkv_inference.binding import Fed, Interrupt, evaluate_layers
-from mlxkv_inference.engine.scheduler import JOIN_MAX_ROWS, BatchScheduler
+from mlxkv_inference.engine.scheduler import STEP_MAX_ROWS, BatchScheduler
 from mlxkv_serve import Delta, Finished, GenerateRequest, Sampling
 from tests.bindings import GatedBinding
 from tests.factories import make_prompt, make_tiny_binding
@@ -118,7 +118,7 @@ def test_an_arrival_stops_the_long_chunk_and_takes_its_first_token_before_the_ch
 
 def test_a_prompt_whose_last_chunk_was_stopped_finishes_it_before_its_first_decode() -> None:
     params = GenerationParams(max_tokens=3, prefill_chunk=128, ignore_eos=True)
-    prompt = make_prompt(JOIN_MAX_ROWS + 30, seed=5)  # too long to ride in a decode step (`Generation.join`)
+    prompt = make_prompt(STEP_MAX_ROWS + 30, seed=5)  # too long to ride in a decode step (`Generation.join`)
     binding, generation, scheduler = one_prompt(prompt, params, prefill_budget=128)
     assert scheduler.step(Newcomer(5, at=1)) == []
     assert generation.prefill_left == 0 and generation.unevaluated == len(prompt) - 1 and generation.prefilling
@@ -234,7 +234,7 @@ def test_with_timed_steps_only_a_newcomer_estimated_sooner_stops_a_chunk(tokens:
 def test_a_snapshot_point_reached_by_a_stopped_chunk_is_taken_once_the_chunk_is_evaluated() -> None:
     """Taking it at once would evaluate the rest of the chunk in the step the newcomer waits for."""
     params = GenerationParams(max_tokens=2, prefill_chunk=64, ignore_eos=True)
-    prompt = make_prompt(JOIN_MAX_ROWS + 30, seed=4)  # too long to ride in a decode step whole: the first turn prefills
+    prompt = make_prompt(STEP_MAX_ROWS + 30, seed=4)  # too long to ride in a decode step whole: the first turn prefills
     taken: list[tuple[int, list[mx.array]]] = []
     binding, generation, scheduler = one_prompt(
         prompt, params, snapshot_at=[40], on_snapshot=lambda tokens, caches: taken.append((len(tokens), states(caches))))

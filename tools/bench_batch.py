@@ -22,7 +22,7 @@ import time
 from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding, SamplingParams, load_binding  # first: the BLAS shim precedes mlx
 
 from mlxkv_inference.engine.generate import Generation  # noqa: E402
-from mlxkv_inference.engine.scheduler import JOIN_MAX_ROWS, BatchScheduler  # noqa: E402
+from mlxkv_inference.engine.scheduler import STEP_MAX_ROWS, BatchScheduler  # noqa: E402
 from mlxkv_inference.engine.speculation import SpeculativeParams  # noqa: E402
 from mlxkv_inference.models.cpu_kernels import default_cpu_kernels  # noqa: E402
 from mlxkv_inference.tokenizer.chat import encode_chat  # noqa: E402
@@ -81,7 +81,7 @@ def main() -> None:
                         help=f"--timeline: the scheduler's prefill time bound a step (default: the server's, {SERVE_PREFILL_STEP_MS:.0f})")
     args = parser.parse_args()
     binding = load_binding(cpu_kernels=default_cpu_kernels())
-    binding.warm_up(compiled=True, rows=JOIN_MAX_ROWS)
+    binding.warm_up(compiled=True, rows=STEP_MAX_ROWS)
     prompts = [encode_chat(binding.tokenizer, [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]).tokens
                for i in range(args.sequences)]
     barred = {token: -100.0 for token in binding.eos_token_ids}

@@ -120,7 +120,7 @@ def main() -> int:
     binding = load_binding(cpu_kernels=args.cpu_kernels)
     sampling = SamplingParams(temperature=args.temperature, seed=SEED if args.temperature else None)
     draft = layer_skip_draft(binding, args.draft_layers)
-    binding.verifies_positions()  # the start-up probe, outside the timed runs
+    binding.warm_up(compiled=True)  # the server's start-up probes (compiled rounds too), outside the timed runs
     modes = {
         "off": SpeculativeParams(),
         "prompt_lookup": SpeculativeParams(mode="prompt_lookup", num_draft_tokens=args.num_draft_tokens),

@@ -15,7 +15,7 @@ from typing import Any
 import uvicorn
 
 from mlxkv_inference import MlxAutoregressiveBinding, load_binding
-from mlxkv_inference.engine.scheduler import DEFAULT_MAX_BATCH, JOIN_MAX_ROWS
+from mlxkv_inference.engine.scheduler import DEFAULT_MAX_BATCH, STEP_MAX_ROWS
 from mlxkv_serve import ServeConfig, bounded_http_protocol, build_app
 from mlxkv_serve.config import loopback_hosts
 
@@ -146,7 +146,7 @@ def check_args(args: argparse.Namespace) -> None:
 def build_engine(args: argparse.Namespace, binding: MlxAutoregressiveBinding) -> LocalEngine:
     """The engine `serve` runs, with the command line's cache, checkpoint, queue and generation settings."""
     # the probes the scheduler and speculation use, before the first request
-    binding.warm_up(compiled=args.compiled_decode, rows=JOIN_MAX_ROWS)
+    binding.warm_up(compiled=args.compiled_decode, rows=STEP_MAX_ROWS)
     draft = prepare_speculation(args, binding)
     tiers, cold = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max,
                               checkpoint_ttl_s=args.checkpoint_ttl * 3600, draft=draft if args.generation_checkpoint else None)

@@ -4,7 +4,7 @@
                     prefill time left, under a time bound), within the step's token budget;
                     a prompt passed over in MAX_PASSED_OVER steps in a row goes first;
                     a prompt whose rest the step takes whole rides in the decode forward instead
-                    (`Generation.join`, up to JOIN_MAX_ROWS rows a step): no forward of its own
+                    (`Generation.join`, up to STEP_MAX_ROWS rows a step): no forward of its own
            decode   one token for every generation past its prefill, as one batched step:
                     stacked rows through every linear, attention per row against its own caches;
                     a generation speculating this step brings its drafts as more rows (its own
@@ -46,10 +46,10 @@ WHOLE_STEPS = 1.5  # a prompt's rest estimated within this many step times is fe
 # Steps in a row a prompt may wait while others prefill before its next chunk comes first (see
 # `_prefill`): under a stream of shorter prompts a long one still gets one step in this many + 1.
 MAX_PASSED_OVER = 4
-# The most rows a step that feeds prompts with its decode rows may have (`join`): the
-# row-invariance probe covers them at warm-up (~1 s for the embedded model; each size above it
-# stalls the first step that needs it).
-JOIN_MAX_ROWS = 64
+# The most rows a batched step may have, prompts riding in it (`join`) and drafts included: the
+# row-invariance probe covers them at warm-up (~1 s for the embedded model); a step past it would
+# stall every running sequence on a new probe (~3.5 s for 128 rows).
+STEP_MAX_ROWS = 64
 Arrival = Callable[[], int | None]  # the prompt tokens of a request waiting to start after this step (None: none)
 
 
@@ -120,7 +120,7 @@ class BatchScheduler:
         the next step would run them in), the step's prefill ends there (the rest of the chunk is
         evaluated in that prompt's next turn; see `evaluate_layers`), so the newcomer waits for a
         layer and this step's decode rows, not for a whole chunk. (A prompt riding in the decode
-        forward, `Generation.join`, is part of those rows: at most `JOIN_MAX_ROWS` of them.)"""
+        forward, `Generation.join`, is part of those rows: at most `STEP_MAX_ROWS` of them.)"""
         self.largest_batch = max(self.largest_batch, len(self.running))
         outcomes: dict[int, StepOutcome] = {}
         for generation in self.running:
@@ -300,14 +300,14 @@ class BatchScheduler:
     def _joins(self, generation: Generation, outcomes: dict[int, StepOutcome]) -> bool:
         """Whether `generation`'s prompt rest, taken whole this step, rides in the decode forward
         (`Generation.join`): it may (`can_join`), and the step, with the prompts joined already,
-        stays within `JOIN_MAX_ROWS` rows that run batched exactly (a row for each stepping
+        stays within `STEP_MAX_ROWS` rows that run batched exactly (a row for each stepping
         generation and for each other prompt that may still complete this step; drafts come on
         top, and a step past the rows probed probes once more)."""
         rows = generation.prefill_left + 1
         steppers = [g for g in self.running if id(g) not in outcomes and not g.done and not g.prefilling]
         rows += sum(g.joining_rows or 1 for g in steppers)
         rows += sum(1 for g in self.running if g.prefilling and g is not generation and id(g) not in outcomes)
-        if rows > JOIN_MAX_ROWS or not generation.can_join(JOIN_MAX_ROWS):
+        if rows > STEP_MAX_ROWS or not generation.can_join(STEP_MAX_ROWS):
             return False
         return self.binding.can_decode_batch([g.caches for g in steppers] + [generation.caches], rows)
 
@@ -394,9 +394,9 @@ class BatchScheduler:
             # The step's rows besides this generation's drafts: what the ones before it chose,
             # the least of this one and of each after it. (Each judging its drafts against a step
             # of one row per generation, all eight of a batch drafted, and the 16-row step cost
-            # what none expected.) A step carrying a prompt keeps within the rows probed for it.
+            # what none expected.) A batched step keeps within the rows probed for it.
             others = rows + sum(least[i:]) if shared else 1
-            most = max(JOIN_MAX_ROWS - others, 0) if joined else None
+            most = max(STEP_MAX_ROWS - others, 0) if shared or joined else None
             inputs.append(generation.step_input(others, len(stepping) if shared else 1, most))
             rows += int(inputs[-1].size)
         if (len(stepping) > 1 or joined) and self.binding.can_decode_batch([g.caches for g in stepping], rows):
