@@ -104,9 +104,11 @@ def speculative_params_from(args: argparse.Namespace) -> SpeculativeParams:
 
 def prepare_speculation(args: argparse.Namespace, target: MlxAutoregressiveBinding) -> MlxAutoregressiveBinding | None:
     """Probe, before the first request, whether `target` can verify drafts exactly (see
-    `verifies_positions`); return the draft model --draft-model or --draft-layers names."""
+    `verifies_positions`; with compiled decode, the compiled rounds too: ~0.4 s for the embedded
+    model that the first round would wait for); return the draft model --draft-model or
+    --draft-layers names."""
     if speculative_params_from(args).enabled:
-        target.verifies_positions()
+        target.warm_up(compiled=args.compiled_decode)
     if args.draft_layers is not None:
         return layer_skip_draft(target, args.draft_layers)
     if args.draft_model is None:
