@@ -31,7 +31,7 @@ class CompiledDecoder:
     def __init__(self, model: nn.Module) -> None:
         self._model = model
         self._steps: dict[StepKey, tuple[StepFn, list[int]]] = {}
-        self._shapes: set[tuple[StepKey, tuple[tuple[int, ...], ...]]] = set()  # (step, its inputs' shapes) run
+        self._shapes: set[int] = set()  # hashes of the (step, its inputs' shapes) run (a timing hint: no more)
         self.traced = False  # whether the last `step` traced (a new step, or inputs of new shapes)
 
     @property
@@ -63,7 +63,7 @@ class CompiledDecoder:
             slots: list[DecodeSlot] = [c.decode_slot(p) for c, p in ready]
             self._steps[key] = (self._build(slots, [len(i) for i in inputs]), [s.num_outputs for s in slots])
         fn, counts = self._steps[key]
-        shapes = (key, tuple(tuple(a.shape) for group in inputs for a in group))
+        shapes = hash((key, tuple(tuple(a.shape) for group in inputs for a in group)))
         self.traced = shapes not in self._shapes  # MLX traces a call whose input shapes are new
         self._shapes.add(shapes)
         outputs = fn(tokens.reshape(1, rows), *(a for group in inputs for a in group))
