@@ -332,6 +332,25 @@ def test_adaptive_length_turns_speculation_off_where_drafts_miss_and_back_on() -
     assert speculator.drafts(history, 6) != []
 
 
+def test_a_generation_drafts_in_a_step_that_would_be_pipelined_only_where_that_pays_too() -> None:
+    """One generation of two drafting makes the shared step unpipelined for both: at a gain that
+    pays for the draft row but not for the pipelining lost, it drafts only where the step is not
+    pipelined anyway."""
+    costs = StepCosts()
+    costs.record(2, 1.0)
+    costs.record(3, 1.25)  # one draft next to the other generation's row: 1.25 steps
+    costs.record(4, 100.0)  # no longer rounds
+    params = SpeculativeParams(mode="prompt_lookup", num_draft_tokens=1)
+    speculator = Speculator(params, PromptLookup(params.ngram_min, params.ngram_max), costs)
+    history = [1, 2, 3, 1, 2, 3, 1, 2]
+    for _ in range(40):  # every draft accepted: acceptance ~0.99, ~2 tokens a round for 1.25 steps
+        speculator.observe(speculator.drafts(history, 1, 2, 2), [3, 1])
+    assert speculator.drafts(history, 1, 2, 2) == [3]
+    assert speculator.plans_drafts(1, 2, 2)
+    assert not speculator.plans_drafts(1, 2, 2, pipelining=True)
+    assert speculator.drafts(history, 1, 2, 2, pipelining=True) == []
+
+
 def native_tiny() -> MlxAutoregressiveBinding:
     """The server's path on a tiny model: 4-bit weights through mlxkv's native kernels."""
     return make_tiny_binding("llama", seed=4, native=True)

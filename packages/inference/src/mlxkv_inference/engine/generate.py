@@ -400,7 +400,7 @@ class Generation:
         if self._produced >= self._max_new or (self._ahead and self._checkpoint_due(self._emitted)):
             return False
         spec = self._speculating
-        if spec is not None and spec.plans_drafts(self._draft_limit(spec, self._produced), sequences, sequences):
+        if spec is not None and spec.plans_drafts(self._draft_limit(spec, self._produced), sequences, sequences, pipelining=True):
             return False
         return round_fits(self.caches, 2, self._binding.kv_scheme) >= 2
 
@@ -425,7 +425,8 @@ class Generation:
         plain step's (prompt lookup guesses the token read next)."""
         spec = self._speculating
         if spec is not None:
-            drafts = spec.drafts(self._history(), self._draft_limit(spec, self._produced), sequences, sequences)
+            drafts = spec.drafts(self._history(), self._draft_limit(spec, self._produced), sequences, sequences,
+                                 pipelining=True)
             assert not drafts, "runs_ahead found that this step drafts nothing"
         return self._run.decode_input()
 

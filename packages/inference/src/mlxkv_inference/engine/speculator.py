@@ -9,6 +9,10 @@ prompt before its first drafts, once a prompt). In a step shared by n generation
 tokens count, not this one's: its drafts make every row wait, so the gain is
 (n - 1 + E(k)) / (n * cost) (E(k) / cost alone); eight generations drafting at the 40-70%
 acceptance of chat answers each judged their own tokens and together slowed a batch by 15-20%.
+A step where no generation drafts may be pipelined (`BatchScheduler`: the next step is built while
+this one runs), and one draft anywhere forgoes that for every row: asked about such a step
+(`pipelining`), a generation counts that loss too (eight generations drafting at chat's acceptance
+made a batch 4-9% slower than not speculating before they did).
 Where no k beats a plain step, the round is a plain step: speculation off where it loses. Prompt
 lookup drafts cost nothing, so while off it still checks its guesses against the tokens produced
 and turns itself back on when they start matching; a draft model is retried with one draft after
@@ -27,6 +31,9 @@ DECAY = 0.9  # weight of earlier rounds in the acceptance estimate
 RETRY_EVERY = 16
 MAX_RETRY_EVERY = 256
 GAIN_MARGIN = 1.12  # a longer round must beat the best shorter one by this much (sampling and rollback are extra)
+# What pipelining gains a batched step (unpipelined over pipelined seconds: `tools.bench_batch`
+# measured 1.12-1.13x at eight rows on this 2-core machine).
+PIPELINING_GAIN = 1.12
 
 
 class Speculator:
@@ -49,14 +56,16 @@ class Speculator:
     def acceptance(self) -> float:
         return self._hits / (self._hits + self._misses)
 
-    def drafts(self, history: Sequence[int], limit: int, batch: int = 1, sequences: int = 1) -> list[int]:
+    def drafts(self, history: Sequence[int], limit: int, batch: int = 1, sequences: int = 1,
+               pipelining: bool = False) -> list[int]:
         """The drafts the next step verifies (empty: a plain step); at most `limit`. `batch`:
         the rows the step feeds besides these drafts (they make each draft row relatively cheaper);
-        `sequences`: the generations sharing the step (this one included)."""
+        `sequences`: the generations sharing the step (this one included); `pipelining`: the step
+        is pipelined unless this generation drafts."""
         self._shadow = []
         if limit < 1:
             return []
-        k, retry = self._plan(limit, batch, sequences)
+        k, retry = self._plan(limit, batch, sequences, pipelining)
         if k == 0:
             self._idle_steps += 1
             if self._free:  # while off, prompt lookup still guesses the next token, for `observe` to check
@@ -74,16 +83,16 @@ class Speculator:
             self._draft_seconds = seconds if not self._draft_seconds else 0.8 * self._draft_seconds + 0.2 * seconds
         return drafts
 
-    def plans_drafts(self, limit: int, batch: int = 1, sequences: int = 1) -> bool:
+    def plans_drafts(self, limit: int, batch: int = 1, sequences: int = 1, pipelining: bool = False) -> bool:
         """Whether `drafts` with these arguments would draft, asked before the token it drafts
         after is known (a pipelined step)."""
-        return limit >= 1 and self._plan(limit, batch, sequences)[0] > 0
+        return limit >= 1 and self._plan(limit, batch, sequences, pipelining)[0] > 0
 
-    def _plan(self, limit: int, batch: int, sequences: int) -> tuple[int, bool]:
+    def _plan(self, limit: int, batch: int, sequences: int, pipelining: bool) -> tuple[int, bool]:
         """(drafts the next step verifies, whether that is a draft model's retry): the adaptive
         length; where it is none, one draft for a draft model whose plain steps, this one
         counted, reached `_retry_every`."""
-        k = self._length(limit, max(batch, 1), max(sequences, 1))
+        k = self._length(limit, max(batch, 1), max(sequences, 1), pipelining)
         if k or self._free or self._idle_steps + 1 < self._retry_every:
             return k, False
         return 1, True
@@ -109,16 +118,17 @@ class Speculator:
             self.drafted += len(drafts)
             self.accepted += min(accepted, len(produced) - 1)
 
-    def _length(self, limit: int, batch: int, sequences: int) -> int:
+    def _length(self, limit: int, batch: int, sequences: int, pipelining: bool) -> int:
         if not self.params.adaptive:
             return limit
         rate = min(self.acceptance, 0.999)
         step = self._costs.seconds(batch)
         drafting = self._draft_seconds / step if step else 0.0  # a drafted token, in steps
+        forgone = PIPELINING_GAIN if pipelining else 1.0
         best_k, best = 0, 1.0
         for k in range(1, limit + 1):
             expected = (1 - rate ** (k + 1)) / (1 - rate)
-            cost = self._costs.relative(batch + k, batch) + k * drafting
+            cost = self._costs.relative(batch + k, batch) * forgone + k * drafting
             gain = (sequences - 1 + expected) / (sequences * cost)
             if gain > best * GAIN_MARGIN:
                 best_k, best = k, gain
