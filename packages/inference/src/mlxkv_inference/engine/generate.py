@@ -341,18 +341,17 @@ class Generation:
         a row cost ~0.2 ms a row), none where the step is a speculative round."""
         if self._drafts or self._cancelled:
             return []
-        self._drawn = self._run.draw(logits[-1:] if self._joined else logits)
+        self._drawn = self._run.draw(logits)
         return list(self._drawn)
 
     def accept(self, logits: mx.array | None) -> list[TextDelta]:
-        """Take the next token(s): sampled from `logits` (L, vocab) of feeding `step_input()`
-        (a speculative round's accepted drafts and the token after them), or, with None, a
-        resumed generation's pending token. A checkpoint due at one of them is taken once the
-        caches hold exactly the tokens before it."""
+        """Take the next token(s): sampled from `logits`, the (`logit_rows`, vocab) logits of
+        feeding `step_input()` (a speculative round's accepted drafts and the token after them),
+        or, with None, a resumed generation's pending token. A checkpoint due at one of them is
+        taken once the caches hold exactly the tokens before it."""
         drawn, self._drawn = self._drawn, None
-        if self._joined:  # the step fed the prompt's rest: its last position samples
+        if self._joined:  # the step fed the prompt's rest: the logits are its last position's
             self._joined = False
-            logits = logits[-1:] if logits is not None else None
             if not self._cancelled:
                 self._prefilled()
         if self._cancelled:

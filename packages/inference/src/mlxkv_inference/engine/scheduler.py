@@ -301,8 +301,8 @@ class BatchScheduler:
         """Whether `generation`'s prompt rest, taken whole this step, rides in the decode forward
         (`Generation.join`): it may (`can_join`), and the step, with the prompts joined already,
         stays within `STEP_MAX_ROWS` rows that run batched exactly (a row for each stepping
-        generation and for each other prompt that may still complete this step; drafts come on
-        top, and a step past the rows probed probes once more)."""
+        generation and for each other prompt that may still complete this step; `_decode` cuts
+        the drafts to the room left)."""
         rows = generation.prefill_left + 1
         steppers = [g for g in self.running if id(g) not in outcomes and not g.done and not g.prefilling]
         rows += sum(g.joining_rows or 1 for g in steppers)
