@@ -107,6 +107,37 @@ def test_thread_count_does_not_change_a_bit(m: int) -> None:
     assert all(np.array_equal(outputs[0], other) for other in outputs[1:])
 
 
+@pytest.mark.usefixtures("restore_threads_and_isa")
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("m", [1, 8, 17, 70])  # one row, a sub-tile, past the few-rows path, two row blocks
+def test_products_of_one_input_run_together_with_the_bits_of_each_alone(bits: int, m: int) -> None:
+    # A layer's q, k and v (and an odd width, so chunks straddle products and end mid-slice).
+    layers = [quantized(n, 576, 32, bits, mx.float16, seed=20 + i) for i, n in enumerate((576, 192, 192, 40))]
+    ws, scales, biases = ([layer[i] for layer in layers] for i in range(3))
+    x = rows(m, 576, seed=30)
+    alone = [as_numpy(ops.quantized_matmul(x, *layer, 32, bits)) for layer in layers]
+    for threads in (1, 2, 3):
+        ops.set_num_threads(threads)
+        together = ops.quantized_matmuls(x, ws, scales, biases, 32, bits)
+        assert [y.shape for y in together] == [(m, 576), (m, 192), (m, 192), (m, 40)]
+        assert all(np.array_equal(as_numpy(y), want) for y, want in zip(together, alone, strict=True))
+    strided = mx.broadcast_to(x[0], (3, 576))  # gathered once for all products
+    together = ops.quantized_matmuls(strided, ws, scales, biases, 32, bits)
+    assert all(np.array_equal(as_numpy(y), want[:1].repeat(3, axis=0)) for y, want in zip(together, alone, strict=True))
+
+
+def test_products_of_one_input_must_agree_on_features_and_scale_type() -> None:
+    a, b = quantized(16, 128, 32, 4, mx.float32, seed=21), quantized(16, 128, 32, 4, mx.float16, seed=22)
+    x = rows(2, 128, seed=23)
+    with pytest.raises(ValueError, match="same dtype"):
+        ops.quantized_matmuls(x, [a[0], b[0]], [a[1], b[1]], [a[2], b[2]], 32, 4)
+    wide = quantized(16, 256, 32, 4, mx.float32, seed=24)
+    with pytest.raises(ValueError, match="features"):
+        ops.quantized_matmuls(x, [a[0], wide[0]], [a[1], wide[1]], [a[2], wide[2]], 32, 4)
+    with pytest.raises(ValueError, match="one or more weights"):
+        ops.quantized_matmuls(x, [], [], [], 32, 4)
+
+
 def supported_isas() -> list[str]:
     """The instruction sets this CPU runs, best first; leaves the last one selected."""
     isas = []

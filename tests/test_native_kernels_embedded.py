@@ -63,3 +63,29 @@ def test_cpu_kernels_choice_is_part_of_the_fingerprint_and_mlx_keeps_the_old_one
     old = config_fingerprint(config, KvScheme(), "digest")
     assert config_fingerprint(config, KvScheme(), "digest", "mlx") == old
     assert config_fingerprint(config, KvScheme(), "digest", "native") != old
+
+
+def test_embedded_native_runs_a_layers_products_of_one_input_together_with_the_same_logits(
+    embedded_native: MlxAutoregressiveBinding, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlxkv_cpu_kernels import ops
+
+    together = ops.quantized_matmuls
+    calls: list[int] = []
+
+    def counted(x: mx.array, ws: list[mx.array], scales: list[mx.array], biases: list[mx.array],
+                group_size: int, bits: int) -> list[mx.array]:
+        calls.append(len(ws))
+        return together(x, ws, scales, biases, group_size, bits)
+
+    def one_by_one(x: mx.array, ws: list[mx.array], scales: list[mx.array], biases: list[mx.array],
+                   group_size: int, bits: int) -> list[mx.array]:
+        return [ops.quantized_matmul(x, *parts, group_size, bits) for parts in zip(ws, scales, biases, strict=True)]
+
+    prompt = embedded_native.tokenizer.encode(PROMPT)
+    monkeypatch.setattr(ops, "quantized_matmuls", counted)
+    fused = next_logits(embedded_native, prompt, 512)
+    layers = len(embedded_native.model.model.layers)
+    assert calls == [3, 2] * layers * 2  # q, k, v then gate, up in every layer, for the prefill and the step
+    monkeypatch.setattr(ops, "quantized_matmuls", one_by_one)
+    assert np.array_equal(fused, next_logits(embedded_native, prompt, 512))

@@ -5,8 +5,10 @@ single-thread read bandwidth. 64 rows: GFLOP/s. Decode step: every product of on
 x 7 linears + the tied lm_head, distinct weights as in the model, so they stream from memory) in
 one eval. Ratios are mlx time / native time from the same run.
 Multi-row step (`--step-rows 4 5 8 9 16`): the native decode step with that many rows per product
-(a continuous batch, or a speculative round's positions), each row count's time as a ratio to the
-first count's, and the lm_head's share; `--head-bits 8` as the embedded GGUF ships its tied head.
+(a continuous batch, or a speculative round's positions), run as the model runs it (a layer's q, k
+and v in one call, gate and up in one), each row count's time as a ratio to the first count's, the
+lm_head's share, and the same products one call each as a ratio to that; `--head-bits 8` as the
+embedded GGUF ships its tied head.
 Decode attention (`--attention-context 256 1024 4096`): one decode row of each of 1 and 8 sequences
 against that many positions, 30 layers with their own float32 KV (so it streams from memory as in
 the model), one eval a step: the native kernel vs MLX's `scaled_dot_product_attention` per
@@ -116,28 +118,45 @@ def bench_decode_step(bits: int, head_bits: int, group_size: int, repeats: int) 
 
 
 def bench_step_rows(step_rows: list[int], bits: int, head_bits: int, group_size: int, repeats: int) -> None:
-    """The native step at each row count, as a ratio to the first count's, measured in interleaved rounds."""
+    """The native step at each row count, as a ratio to the first count's, measured in interleaved
+    rounds; run as the model runs it (each layer's q, k, v in one call, gate and up in one), and
+    with one call per product, as a ratio."""
     layers = step_weights(bits, head_bits, group_size)
     xs = {(m, k): mx.random.normal((m, k)) for m in step_rows for k in (576, 1536)}
     mx.eval(xs)
+    grouped: list[list[Layer]] = []  # the model's calls
+    for i in range(0, len(layers) - 1, 7):
+        q, k, v, o, gate, up, down = layers[i:i + 7]
+        grouped += [[q, k, v], [o], [gate, up], [down]]
+    grouped.append(layers[-1:])
 
-    def products(m: int, chosen: list[Layer]) -> Callable[[], list[mx.array]]:
-        return lambda: [ops.quantized_matmul(xs[(m, k)], w, s, b, group_size, w.shape[1] * 32 // k)
-                        for w, s, b, k in chosen]
+    def products(m: int, calls: list[list[Layer]]) -> Callable[[], list[mx.array]]:
+        def run() -> list[mx.array]:
+            out: list[mx.array] = []
+            for call in calls:
+                k = call[0][3]
+                out += ops.quantized_matmuls(xs[(m, k)], [w for w, _, _, _ in call], [s for _, s, _, _ in call],
+                                             [b for _, _, b, _ in call], group_size, call[0][0].shape[1] * 32 // k)
+            return out
+        return run
 
+    separate = [[layer] for layer in layers]
     step_s: dict[int, list[float]] = {m: [] for m in step_rows}
+    apart_s: dict[int, list[float]] = {m: [] for m in step_rows}
     head_s: dict[int, list[float]] = {m: [] for m in step_rows}
     # Rounds over all counts, so drift on a shared machine hits every count alike.
     for _ in range(max(1, repeats // 3)):
         for m in step_rows:
-            step_s[m].append(median_s(products(m, layers), 3))
-            head_s[m].append(median_s(products(m, layers[-1:]), 3))
+            step_s[m].append(median_s(products(m, grouped), 3))
+            apart_s[m].append(median_s(products(m, separate), 3))
+            head_s[m].append(median_s(products(m, separate[-1:]), 3))
     # The fastest round: on a shared machine the one least disturbed by other processes.
     ref_step, ref_head = min(step_s[step_rows[0]]), min(head_s[step_rows[0]])
     for m in step_rows:
-        st, hd = min(step_s[m]), min(head_s[m])
+        st, apart, hd = min(step_s[m]), min(apart_s[m]), min(head_s[m])
         print(f"  step rows {m:3d}: {st * 1e3:7.2f} ms  x{st / ref_step:5.2f} of rows {step_rows[0]}"
-              f"   lm_head {hd * 1e3:6.2f} ms  x{hd / ref_head:5.2f}")
+              f"   lm_head {hd * 1e3:6.2f} ms  x{hd / ref_head:5.2f}   one call per product {apart * 1e3:7.2f} ms"
+              f" x{apart / st:5.2f}")
 
 
 # The embedded model's attention: query heads, kv heads, head size, layers.

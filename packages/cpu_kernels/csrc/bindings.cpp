@@ -27,6 +27,10 @@ NB_MODULE(_ext, m) {
   m.def("quantized_matmul", &mlxkv::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
         "group_size"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
         "y = x @ dequant(w, scales, biases)^T (MLX affine layout, transpose=True).");
+  m.def("quantized_matmuls", &mlxkv::quantized_matmuls, "x"_a, "w"_a, "scales"_a, "biases"_a,
+        "group_size"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "[x @ dequant(w[i], scales[i], biases[i])^T for each i] as one job on the kernels' threads: "
+        "each output has the bits quantized_matmul gives it alone.");
   m.def(
       "attend",
       [](const mx::array& q, const mx::array& k, const mx::array& v, const mx::array& positions,

@@ -107,20 +107,19 @@ mx::Shape out_shape(const mx::array& x, const mx::array& w) {
 mx::array quantized_matmul(
     const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
     int group_size, int bits, mx::StreamOrDevice s) {
+  return quantized_matmuls(x, {w}, {scales}, {biases}, group_size, bits, s)[0];
+}
+
+std::vector<mx::array> quantized_matmuls(
+    const mx::array& x, const std::vector<mx::array>& ws, const std::vector<mx::array>& all_scales,
+    const std::vector<mx::array>& all_biases, int group_size, int bits, mx::StreamOrDevice s) {
   check(bits == 4 || bits == 8, "bits must be 4 or 8, got " + std::to_string(bits));
   check(group_size == 32 || group_size == 64 || group_size == 128,
         "group_size must be 32, 64 or 128, got " + std::to_string(group_size));
   check(x.dtype() == mx::float32, "x must be float32 (cast activations first)");
   check(x.ndim() >= 1, "x must have at least one dimension");
-  check(w.dtype() == mx::uint32 && w.ndim() == 2, "w must be a 2-D uint32 array");
-  check(scales.dtype() == biases.dtype() && (scales.dtype() == mx::float32 || scales.dtype() == mx::float16),
-        "scales and biases must both be float32 or both float16");
-  int64_t n = w.shape(0), k = int64_t(w.shape(1)) * 32 / bits;
-  check(x.shape().back() == k, "x has " + std::to_string(x.shape().back()) + " features, w packs " +
-                                    std::to_string(k));
-  mx::Shape param_shape{int(n), int(k / group_size)};
-  check(scales.shape() == param_shape && biases.shape() == param_shape,
-        "scales and biases must have shape (N, K / group_size)");
+  check(!ws.empty() && all_scales.size() == ws.size() && all_biases.size() == ws.size(),
+        "need one or more weights, each with its scales and biases");
   auto stream = mx::to_stream(s);
   check(stream.device == mx::Device::cpu, "the native kernel runs on the CPU device only");
   // NOTE: the kernel reads row-major buffers, but a Contiguous node per input would add four graph
@@ -129,42 +128,63 @@ mx::array quantized_matmul(
   auto dense = [&](const mx::array& a) {
     return a.status() != mx::array::unscheduled && a.flags().row_contiguous ? a : mx::contiguous(a, false, stream);
   };
-  std::vector<mx::array> inputs{x, dense(w), dense(scales), dense(biases)};
-  return mx::array(out_shape(x, w), mx::float32,
-                   std::make_shared<NativeQuantizedMatmul>(stream, group_size, bits), std::move(inputs));
+  std::vector<mx::array> inputs{x};
+  std::vector<mx::Shape> shapes;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const mx::array &w = ws[i], &scales = all_scales[i], &biases = all_biases[i];
+    check(w.dtype() == mx::uint32 && w.ndim() == 2, "w must be a 2-D uint32 array");
+    check(scales.dtype() == biases.dtype() && (scales.dtype() == mx::float32 || scales.dtype() == mx::float16),
+          "scales and biases must both be float32 or both float16");
+    check(scales.dtype() == all_scales[0].dtype(), "every weight's scales must have the same dtype");
+    int64_t n = w.shape(0), k = int64_t(w.shape(1)) * 32 / bits;
+    check(x.shape().back() == k, "x has " + std::to_string(x.shape().back()) + " features, w packs " +
+                                      std::to_string(k));
+    mx::Shape param_shape{int(n), int(k / group_size)};
+    check(scales.shape() == param_shape && biases.shape() == param_shape,
+          "scales and biases must have shape (N, K / group_size)");
+    inputs.insert(inputs.end(), {dense(w), dense(scales), dense(biases)});
+    shapes.push_back(out_shape(x, w));
+  }
+  return mx::array::make_arrays(std::move(shapes), std::vector<mx::Dtype>(ws.size(), mx::float32),
+                                std::make_shared<NativeQuantizedMatmul>(stream, group_size, bits), std::move(inputs));
 }
 
 void NativeQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   const mx::array& x = inputs[0];
-  const mx::array& w = inputs[1];
-  const mx::array& scales = inputs[2];
-  const mx::array& biases = inputs[3];
-  mx::array& out = outputs[0];
-  auto& encoder = encode_one_output(stream(), inputs, out);
-
-  QmmArgs args{};
-  args.x = x.data<float>();
-  args.w = reinterpret_cast<const uint8_t*>(w.data<uint32_t>());
-  args.scales = scales.data<void>();
-  args.biases = biases.data<void>();
-  args.scales_f16 = scales.dtype() == mx::float16;
-  args.y = out.data<float>();
-  args.K = x.shape().back();
-  args.M = args.K == 0 ? 0 : int64_t(x.size()) / args.K;
-  args.N = w.shape(0);
-  args.group_size = group_size_;
-  args.bits = bits_;
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& in : inputs) encoder.set_input_array(in);
+  std::vector<QmmArgs> products;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const mx::array& w = inputs[1 + 3 * i];
+    const mx::array& scales = inputs[2 + 3 * i];
+    mx::array& out = outputs[i];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    encoder.set_output_array(out);
+    QmmArgs args{};
+    args.x = x.data<float>();
+    args.w = reinterpret_cast<const uint8_t*>(w.data<uint32_t>());
+    args.scales = scales.data<void>();
+    args.biases = inputs[3 + 3 * i].data<void>();
+    args.scales_f16 = scales.dtype() == mx::float16;
+    args.y = out.data<float>();
+    args.K = x.shape().back();
+    args.M = args.K == 0 ? 0 : int64_t(x.size()) / args.K;
+    args.N = w.shape(0);
+    args.group_size = group_size_;
+    args.bits = bits_;
+    products.push_back(args);
+  }
   if (x.flags().row_contiguous) {
-    encoder.dispatch([args]() { qmm_run(args); });
+    encoder.dispatch([products = std::move(products)]() { qmm_run(products.data(), int(products.size())); });
     return;
   }
-  encoder.dispatch([args, shape = x.shape(), strides = x.strides()]() {
+  encoder.dispatch([products = std::move(products), shape = x.shape(), strides = x.strides()]() mutable {
     thread_local std::vector<float> dense_x;
-    dense_x.resize(size_t(args.M * args.K));
-    gather(args.x, shape, strides, dense_x.data());
-    QmmArgs a = args;
-    a.x = dense_x.data();
-    qmm_run(a);
+    const QmmArgs& first = products[0];
+    dense_x.resize(size_t(first.M * first.K));
+    gather(first.x, shape, strides, dense_x.data());
+    for (auto& a : products) a.x = dense_x.data();
+    qmm_run(products.data(), int(products.size()));
   });
 }
 
@@ -173,7 +193,9 @@ void NativeQuantizedMatmul::eval_gpu(const std::vector<mx::array>&, std::vector<
 }
 
 std::vector<mx::Shape> NativeQuantizedMatmul::output_shapes(const std::vector<mx::array>& inputs) {
-  return {out_shape(inputs[0], inputs[1])};
+  std::vector<mx::Shape> shapes;
+  for (size_t i = 1; i < inputs.size(); i += 3) shapes.push_back(out_shape(inputs[0], inputs[i]));
+  return shapes;
 }
 
 bool NativeQuantizedMatmul::is_equivalent(const mx::Primitive& other) const {

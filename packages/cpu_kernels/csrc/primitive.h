@@ -14,6 +14,12 @@ mx::array quantized_matmul(
     const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
     int group_size, int bits, mx::StreamOrDevice s = {});
 
+// x times each weight (the same bits as one quantized_matmul each), run as one job: inputs are
+// x, then each weight's (w, scales, biases); one output per weight.
+std::vector<mx::array> quantized_matmuls(
+    const mx::array& x, const std::vector<mx::array>& w, const std::vector<mx::array>& scales,
+    const std::vector<mx::array>& biases, int group_size, int bits, mx::StreamOrDevice s = {});
+
 class NativeQuantizedMatmul : public mx::Primitive {
  public:
   NativeQuantizedMatmul(mx::Stream stream, int group_size, int bits)

@@ -135,38 +135,54 @@ void permute_x(const QmmArgs& a, float* dst) {
 
 }  // namespace
 
-void qmm_run(const QmmArgs& args) {
+void qmm_run(const QmmArgs* products, int count) {
+  if (count <= 0) return;
   std::lock_guard<std::mutex> lock(pool_mutex);
   ThreadPool& tp = get_pool();
-  const bool own_x = args.M <= kOwnXRows;
+  const QmmArgs& first = products[0];
+  const bool own_x = first.M <= kOwnXRows;
   if (int(x_permuted.size()) < tp.size()) x_permuted.resize(tp.size());
   for (int t = 0; t < (own_x ? tp.size() : 1); ++t) {
-    if (int64_t(x_permuted[t].size()) < args.M * args.K) x_permuted[t].resize(args.M * args.K);
+    if (int64_t(x_permuted[t].size()) < first.M * first.K) x_permuted[t].resize(first.M * first.K);
   }
   x_ready.assign(tp.size(), 0);
-  if (!own_x) permute_x(args, x_permuted[0].data());
+  if (!own_x) permute_x(first, x_permuted[0].data());
   auto range = for_isa(qmm_range_avx512, qmm_range_avx2, qmm_range_generic);
-  // Chunks of whole columns: the split changes which thread computes an element, never how.
-  // About 4 chunks a thread balances load; at least kColAlign columns and kMinChunkWork
-  // multiply-adds keep chunks worth a claim, but from kMinSplitWork on every thread has one.
-  const int64_t slices = (args.N + kColAlign - 1) / kColAlign, work = args.M * args.N * args.K;
+  // Chunks of whole columns over the products laid end to end (product i's slices follow product
+  // i - 1's): the split changes which thread computes an element, never how. About 4 chunks a
+  // thread balances load; at least kColAlign columns and kMinChunkWork multiply-adds keep chunks
+  // worth a claim, but from kMinSplitWork on every thread has one.
+  std::vector<int64_t> slice_end(static_cast<size_t>(count));
+  int64_t slices = 0, columns = 0;
+  for (int i = 0; i < count; ++i) {
+    slices += (products[i].N + kColAlign - 1) / kColAlign;
+    slice_end[size_t(i)] = slices;
+    columns += products[i].N;
+  }
+  const int64_t work = first.M * columns * first.K;
   int64_t chunks = std::max<int64_t>(1, std::min({slices, int64_t(4) * tp.size(), work / kMinChunkWork}));
   if (work >= kMinSplitWork) chunks = std::max<int64_t>(chunks, std::min<int64_t>(slices, tp.size()));
   if (int(panels.size()) < tp.size()) panels.resize(tp.size());
   for (auto& panel : panels) {
-    if (int64_t(panel.size()) < kPanelCols * args.K) panel.resize(kPanelCols * args.K);
+    if (int64_t(panel.size()) < kPanelCols * first.K) panel.resize(kPanelCols * first.K);
   }
   auto task = [&](int64_t chunk, int t) {
-    QmmArgs a = args;
-    a.x = x_permuted[own_x ? t : 0].data();
+    const float* x = x_permuted[own_x ? t : 0].data();
     if (own_x && !x_ready[t]) {  // only thread t touches slot t
-      permute_x(args, x_permuted[t].data());
+      permute_x(first, x_permuted[t].data());
       x_ready[t] = 1;
     }
-    int64_t n0 = std::min(a.N, slices * chunk / chunks * kColAlign);
-    int64_t n1 = std::min(a.N, slices * (chunk + 1) / chunks * kColAlign);
-    for (int64_t m0 = 0; m0 < a.M; m0 += kRowBlock) {
-      range(a, n0, n1, m0, std::min(a.M, m0 + kRowBlock), panels[t].data());
+    const int64_t s0 = slices * chunk / chunks, s1 = slices * (chunk + 1) / chunks;
+    for (int i = 0; i < count; ++i) {
+      const int64_t begin = i == 0 ? 0 : slice_end[size_t(i) - 1], end = slice_end[size_t(i)];
+      if (end <= s0 || begin >= s1) continue;
+      QmmArgs a = products[i];
+      a.x = x;
+      const int64_t n0 = std::min(a.N, (std::max(s0, begin) - begin) * kColAlign);
+      const int64_t n1 = std::min(a.N, (std::min(s1, end) - begin) * kColAlign);
+      for (int64_t m0 = 0; m0 < a.M; m0 += kRowBlock) {
+        range(a, n0, n1, m0, std::min(a.M, m0 + kRowBlock), panels[t].data());
+      }
     }
   };
   if (chunks == 1) {

@@ -48,8 +48,11 @@ void row_generic(const float* a_row, int64_t k, const float* b, int64_t ldb, int
 void row_avx2(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes);
 void row_avx512(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n, float* out, float* lanes);
 
-// Runs the whole product on the thread pool with the selected instruction set.
-void qmm_run(const QmmArgs& a);
+// Runs `count` products of one x (same x, M, K, bits and group size; their own w, scales, biases,
+// y and N) as one job on the thread pool with the selected instruction set: a layer's q, k and v
+// projections, or its gate and up, cost one hand-off to the pool instead of one each. Every
+// element is computed as it is alone, so the outputs are the bits of separate products.
+void qmm_run(const QmmArgs* products, int count);
 
 Isa best_isa();
 Isa current_isa();

@@ -10,6 +10,16 @@ def quantized_matmul(
     *,
     stream: mx.Stream | mx.Device | None = None,
 ) -> mx.array: ...
+def quantized_matmuls(
+    x: mx.array,
+    w: list[mx.array],
+    scales: list[mx.array],
+    biases: list[mx.array],
+    group_size: int,
+    bits: int,
+    *,
+    stream: mx.Stream | mx.Device | None = None,
+) -> list[mx.array]: ...
 def attend(
     q: mx.array,
     k: mx.array,

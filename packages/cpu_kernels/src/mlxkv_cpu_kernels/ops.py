@@ -9,6 +9,7 @@ from mlxkv_cpu_kernels._ext import (
     log_softmax,
     num_threads,
     quantized_matmul,
+    quantized_matmuls,
     rms_norm,
     sample,
     set_isa,
@@ -16,4 +17,4 @@ from mlxkv_cpu_kernels._ext import (
     swiglu,
 )
 
-__all__ = ["attend", "best_isa", "isa", "log_softmax", "num_threads", "quantized_matmul", "rms_norm", "sample", "set_isa", "set_num_threads", "swiglu"]
+__all__ = ["attend", "best_isa", "isa", "log_softmax", "num_threads", "quantized_matmul", "quantized_matmuls", "rms_norm", "sample", "set_isa", "set_num_threads", "swiglu"]

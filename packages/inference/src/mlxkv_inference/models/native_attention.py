@@ -20,6 +20,7 @@ import mlx.nn as nn
 
 from mlxkv_inference.cache.kv import PlainKVCache
 from mlxkv_inference.cache.slots import PlainKvDecodeSlot
+from mlxkv_inference.models.cpu_kernels import project
 
 __all__ = ["attend_rows", "native_sequence", "uses_native_attention", "use_native_attention"]
 
@@ -64,9 +65,9 @@ def attend_rows(attn: Any, x: mx.array, sequences: Sequence[NativeSequence]) -> 
     """Attention output (before o_proj) for the rows of `x` (leading dims flattened, feature dim
     last): sequence i owns the next `sequences[i].rows` rows, its consecutive positions."""
     rows = sum(s.rows for s in sequences)
-    queries = attn.q_proj(x).reshape(rows, attn.n_heads, -1)
-    keys = attn.k_proj(x).reshape(rows, attn.n_kv_heads, -1)
-    values = attn.v_proj(x).reshape(rows, attn.n_kv_heads, -1)
+    queries, keys, values = project(x, [attn.q_proj, attn.k_proj, attn.v_proj])
+    queries = queries.reshape(rows, attn.n_heads, -1)
+    keys, values = keys.reshape(rows, attn.n_kv_heads, -1), values.reshape(rows, attn.n_kv_heads, -1)
     if hasattr(attn, "q_norm"):
         queries, keys = attn.q_norm(queries), attn.k_norm(keys)
     dim = queries.shape[-1]

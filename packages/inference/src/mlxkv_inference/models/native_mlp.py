@@ -15,6 +15,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlxkv_inference.models.cpu_kernels import project
 from mlxkv_inference.models.mixins import mix_into
 
 __all__ = ["NATIVE_SWIGLU", "use_native_swiglu"]
@@ -32,7 +33,8 @@ class NativeSwigluMixin:
         from mlxkv_cpu_kernels import ops
 
         mlp: Any = self
-        out: mx.array = mlp.down_proj(ops.swiglu(mlp.gate_proj(x), mlp.up_proj(x)))
+        gate, up = project(x, [mlp.gate_proj, mlp.up_proj])
+        out: mx.array = mlp.down_proj(ops.swiglu(gate, up))
         return out
 
 
