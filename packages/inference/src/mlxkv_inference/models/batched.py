@@ -3,7 +3,8 @@
     rows  t0 t1 ... t(R-1)                 L_i consecutive tokens of sequence i (1, a
                                            speculative round's pending token and drafts, or a
                                            prompt's rest with its first decode step)
-    embed, norms, q/k/v/o projections, MLP: one (R, 1, D) product per weight
+    embed, norms, q/k/v/o projections, MLP: one (R, 1, D) product per weight (native: q, k
+                                           and v in one kernel call, gate and up in one)
     final norm, lm_head:                   the rows whose logits are asked for (`logits_of`)
     RoPE, cache update, attention:        per sequence, its L_i positions against its own
                                            cache (no padding), as its own forward runs them;
@@ -26,6 +27,7 @@ import mlx.nn as nn
 from mlxkv_inference import _mlx_lm
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.recurrent import RecurrentCache
+from mlxkv_inference.models.cpu_kernels import project
 from mlxkv_inference.models.native_attention import NativeSequence, attend_rows, native_sequence, uses_native_attention
 
 # Graphs whose layers are (input norm, self_attn, post norm, mlp) with q/k/v/o projections.
@@ -132,7 +134,7 @@ def _attention(attn: Any, x: mx.array, caches: list[LayerCache], spans: Sequence
             return native
         if any(s is not None for s in sequences):
             return _mixed_attention(attn, x, caches, spans, sequences)
-    queries, keys, values = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    queries, keys, values = project(x, [attn.q_proj, attn.k_proj, attn.v_proj])
     outputs = [_sequence_attention(attn, queries[a:b], keys[a:b], values[a:b], cache)
                for (a, b), cache in zip(spans, caches, strict=True)]
     out: mx.array = attn.o_proj(mx.concatenate(outputs, axis=0))
@@ -148,7 +150,7 @@ def _mixed_attention(attn: Any, x: mx.array, caches: list[LayerCache], spans: Se
     other_rows = [r for (a, b), s in zip(spans, sequences) if s is None for r in range(a, b)]
     native = attend_rows(attn, x[mx.array(native_rows)], [s for s in sequences if s is not None])
     other = x[mx.array(other_rows)]  # row-invariant projections: each row as in the whole batch
-    queries, keys, values = attn.q_proj(other), attn.k_proj(other), attn.v_proj(other)
+    queries, keys, values = project(other, [attn.q_proj, attn.k_proj, attn.v_proj])
     outputs, at_native, at_other = [], 0, 0
     for (a, b), cache, sequence in zip(spans, caches, sequences, strict=True):
         if sequence is None:
