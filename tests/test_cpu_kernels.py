@@ -17,6 +17,7 @@ if sys.platform != "linux":
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_map
 from mlxkv_cpu_kernels import blas_status, ops
 
 
@@ -243,3 +244,29 @@ def test_float_matmul_row_is_bitwise_identical_alone_in_a_batch_and_with_b_trans
         assert np.array_equal(as_numpy(mx.matmul(a[i : i + 1], b))[0], batch[i])
         assert np.array_equal(as_numpy(mx.matmul(a[i : i + 1], b_as_transposed))[0], batch[i])
     assert np.array_equal(as_numpy(mx.matmul(a[2:5], b)), batch[2:5])
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+def test_project_gives_each_layers_own_output_with_biases_and_falls_back_for_other_layers(dtype: mx.Dtype) -> None:
+    import mlx.nn as nn
+
+    from mlxkv_inference.models.cpu_kernels import NativeQuantizedLinear, project, use_native_kernels
+
+    # q, k and v with biases (qwen2's), then a layer the native kernel does not serve.
+    model = nn.Sequential(*(nn.QuantizedLinear.from_linear(nn.Linear(128, n, bias=True), group_size=32, bits=4)  # type: ignore[no-untyped-call]
+                            for n in (96, 32, 32)))
+    biased = tree_map(lambda a: a + 0.25 if a.dtype == mx.float32 and a.ndim == 1 else a, model.parameters())  # type: ignore[no-untyped-call]
+    model.update(biased)
+    assert use_native_kernels(model) == 3
+    layers = list(model.layers)
+    assert all(isinstance(layer, NativeQuantizedLinear) for layer in layers)
+    x = rows(5, 128, seed=31).astype(dtype)
+    grouped = project(x, layers)
+    for y, layer in zip(grouped, layers, strict=True):
+        alone = layer(x)
+        assert y.dtype == alone.dtype and np.array_equal(as_numpy(y), as_numpy(alone))
+    dense = nn.Linear(128, 16)
+    mixed = project(x.astype(mx.float32), [layers[0], dense])  # not all native: one call each
+    assert np.array_equal(as_numpy(mixed[1]), as_numpy(dense(x.astype(mx.float32))))
+    assert np.array_equal(as_numpy(mixed[0]), as_numpy(layers[0](x.astype(mx.float32))))
+    assert project(x, []) == []

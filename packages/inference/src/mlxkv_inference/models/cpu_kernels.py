@@ -105,8 +105,10 @@ def project(x: mx.array, layers: Sequence[nn.Module]) -> list[mx.array]:
     211 (`tools.bench_kernel --step-rows 1 8`: one call per product took 1.11-1.20x the time at one
     row, 1.00-1.06x at 8), and each output has the bits its own call gives. Other layers (MLX's
     kernel, adapters) are called one by one."""
+    if len(layers) < 2:
+        return [layer(x) for layer in layers]
     first = layers[0]
-    if len(layers) < 2 or not all(
+    if not all(
         isinstance(layer, NativeQuantizedLinear) and layer.bits == first.bits and layer.group_size == first.group_size
         and layer["scales"].dtype == first["scales"].dtype
         for layer in layers
