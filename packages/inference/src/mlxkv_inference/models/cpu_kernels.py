@@ -76,26 +76,33 @@ class NativeQuantizedLinear(nn.QuantizedLinear):
     """`nn.QuantizedLinear` whose matmul is the native kernel (same parameters, same layout)."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = _native_matmul(self, x)
-        if "bias" in self:
-            y = y + self["bias"]
-        return y
+        return _native_outputs([self], x)[0]
 
 
 class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
     """`nn.QuantizedEmbedding` whose tied-output projection is the native kernel."""
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return _native_matmul(self, x)
+        return _native_outputs([self], x)[0]
 
 
-def _native_matmul(layer: nn.Module, x: mx.array) -> mx.array:
+def _native_outputs(layers: Sequence[nn.Module], x: mx.array) -> list[mx.array]:
+    """Each native layer (one kind: bits, group size, scales dtype) applied to `x`, in one kernel
+    call, with its bias where it has one."""
     from mlxkv_cpu_kernels import ops
 
     # NOTE: the kernel takes float32 activations (the fast CPU dtype); other dtypes round-trip.
-    y = ops.quantized_matmul(x.astype(mx.float32), layer["weight"], layer["scales"], layer["biases"],
-                             layer.group_size, layer.bits)
-    return y if x.dtype == mx.float32 else y.astype(x.dtype)
+    x32, first = x.astype(mx.float32), layers[0]
+    if len(layers) == 1:
+        ys = [ops.quantized_matmul(x32, first["weight"], first["scales"], first["biases"], first.group_size, first.bits)]
+    else:
+        ys = ops.quantized_matmuls(x32, [layer["weight"] for layer in layers], [layer["scales"] for layer in layers],
+                                   [layer["biases"] for layer in layers], first.group_size, first.bits)
+    out = []
+    for layer, y in zip(layers, ys, strict=True):
+        y = y if x.dtype == mx.float32 else y.astype(x.dtype)
+        out.append(y + layer["bias"] if "bias" in layer else y)
+    return out
 
 
 def project(x: mx.array, layers: Sequence[nn.Module]) -> list[mx.array]:
@@ -114,16 +121,7 @@ def project(x: mx.array, layers: Sequence[nn.Module]) -> list[mx.array]:
         for layer in layers
     ):
         return [layer(x) for layer in layers]
-    from mlxkv_cpu_kernels import ops
-
-    ys = ops.quantized_matmuls(x.astype(mx.float32), [layer["weight"] for layer in layers],
-                               [layer["scales"] for layer in layers], [layer["biases"] for layer in layers],
-                               first.group_size, first.bits)
-    out = []
-    for layer, y in zip(layers, ys, strict=True):
-        y = y if x.dtype == mx.float32 else y.astype(x.dtype)
-        out.append(y + layer["bias"] if "bias" in layer else y)
-    return out
+    return _native_outputs(layers, x)
 
 
 def _supported(module: nn.Module) -> bool:
