@@ -78,6 +78,28 @@ def test_a_row_is_bitwise_the_same_fed_alone_in_a_chunk_or_next_to_other_sequenc
     assert mx.array_equal(mx.concatenate([first, second[3:]]), together).item()
 
 
+def test_rows_of_heads_go_in_flat_as_projections_give_them_with_the_same_bits() -> None:
+    # A projection gives (..., H * D) rows: the kernel reads them as they lie, no per-head view.
+    heads, kv_heads, dim = 9, 3, 64
+    q, k, v = tensors(6, heads, kv_heads, dim, seed=12)
+    positions = mx.array([0, 0], dtype=mx.int32)
+
+    def run(shape: Callable[[mx.array], mx.array]) -> list[mx.array]:
+        buffers = empty(kv_heads, dim) + empty(kv_heads, dim)
+        return ops.attend(shape(q), shape(k), shape(v), positions, buffers, [2, 4], 0.125)
+
+    per_head = run(lambda a: a)
+    for shape, out_shape in (((lambda a: a.reshape(6, -1)), (6, heads * dim)),
+                             ((lambda a: a.reshape(6, 1, -1)), (6, 1, heads * dim)),
+                             ((lambda a: a.reshape(1, 6, -1)), (1, 6, heads * dim))):
+        out, *written = run(shape)
+        assert out.shape == out_shape
+        assert mx.array_equal(out.reshape(per_head[0].shape), per_head[0]).item()
+        assert all(mx.array_equal(a, b).item() for a, b in zip(written, per_head[1:], strict=True))
+    with pytest.raises(ValueError, match="q must be"):  # heads and rows swapped: not rows of heads
+        ops.attend(q.transpose(1, 0, 2), k, v, positions, empty(kv_heads, dim) * 2, [2, 4], 0.125)
+
+
 # Query heads per kv head 3, 4, 5, 6 and 2 at head sizes 16..256: every block of heads the kernel
 # scores together (4 at once up to 32 dims, 3 up to 64, then 1) and their remainders.
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"),
@@ -132,7 +154,7 @@ def test_bad_arguments_are_value_errors(change: str, message: str) -> None:
     elif change == "heads":
         q = mx.zeros((3, 3, 16))
     elif change == "dim":
-        q, k, v = mx.zeros((3, 4, 8)), mx.zeros((3, 2, 8)), mx.zeros((3, 2, 8))
+        q, k, v, buffers = mx.zeros((3, 4, 8)), mx.zeros((3, 2, 8)), mx.zeros((3, 2, 8)), empty(2, 8)
     elif change == "rows":
         rows = [2]
     elif change == "positions":

@@ -89,3 +89,30 @@ def test_embedded_native_runs_a_layers_products_of_one_input_together_with_the_s
     assert calls == [3, 2] * layers * 2  # q, k, v then gate, up in every layer, for the prefill and the step
     monkeypatch.setattr(ops, "quantized_matmuls", one_by_one)
     assert np.array_equal(fused, next_logits(embedded_native, prompt, 512))
+
+
+def test_embedded_native_attention_reads_the_projections_as_they_come_with_the_same_logits(
+    embedded_native: MlxAutoregressiveBinding, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlxkv_cpu_kernels import ops
+
+    attend = ops.attend
+    attn = embedded_native.model.model.layers[0].self_attn
+    widths: list[tuple[int, int, int]] = []  # q, k and v's last dims as the kernel gets them
+
+    def recorded(q: mx.array, k: mx.array, v: mx.array, *args: object, **kwargs: object) -> list[mx.array]:
+        widths.append((q.shape[-1], k.shape[-1], v.shape[-1]))
+        return attend(q, k, v, *args, **kwargs)  # type: ignore[arg-type]
+
+    def per_head(q: mx.array, k: mx.array, v: mx.array, *args: object, **kwargs: object) -> list[mx.array]:
+        heads = [a.reshape(-1, n, a.shape[-1] // n) for a, n in ((q, attn.n_heads), (k, attn.n_kv_heads), (v, attn.n_kv_heads))]
+        out, *written = attend(*heads, *args, **kwargs)  # type: ignore[arg-type]
+        return [out.reshape(q.shape), *written]
+
+    prompt = embedded_native.tokenizer.encode(PROMPT)
+    monkeypatch.setattr(ops, "attend", recorded)
+    flat = next_logits(embedded_native, prompt, 512)
+    projected = (attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0], attn.v_proj.weight.shape[0])
+    assert set(widths) == {projected}  # every call, prefill and step: no per-head views
+    monkeypatch.setattr(ops, "attend", per_head)
+    assert np.array_equal(flat, next_logits(embedded_native, prompt, 512))

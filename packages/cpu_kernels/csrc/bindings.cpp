@@ -45,7 +45,8 @@ NB_MODULE(_ext, m) {
       "inv_freq"_a = nb::none(), "rope_dims"_a = 0, "rope_traditional"_a = false, "rope_scale"_a = 1.0f,
       "stream"_a = nb::none(),
       "Rotates q and k (RoPE, when rope_dims > 0), writes each sequence's new k, v rows into its "
-      "(1, Hkv, capacity, D) buffers and attends causally; returns [out (R, Hq, D), keys_0, values_0, ...].");
+      "(1, Hkv, capacity, D) buffers and attends causally. q, k and v are (R, H, D) or (..., H * D) "
+      "with the R rows in the leading dims; returns [out (q's shape), keys_0, values_0, ...].");
   m.def("swiglu", &mlxkv::swiglu, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(),
         "silu(gate) * up elementwise (float32), the same bits on every instruction set and thread count.");
   m.def("rms_norm", &mlxkv::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(), "stream"_a = nb::none(),

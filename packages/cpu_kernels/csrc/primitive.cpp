@@ -210,30 +210,39 @@ std::vector<mx::array> attend(
   auto fail = [](bool ok, const std::string& message) { check(ok, message, "attend"); };
   fail(q.dtype() == mx::float32 && k.dtype() == mx::float32 && v.dtype() == mx::float32,
        "q, k and v must be float32");
-  fail(q.ndim() == 3 && k.ndim() == 3 && v.shape() == k.shape(), "q must be (R, Hq, D), k and v (R, Hkv, D)");
-  const int R = q.shape(0), heads = q.shape(1), dim = q.shape(2), kv_heads = k.shape(1);
-  fail(k.shape(0) == R && k.shape(2) == dim, "k must have q's rows and head size");
-  fail(kv_heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= 64,
+  fail(!rows.empty() && buffers.size() == 2 * rows.size(), "need a keys and a values buffer per sequence");
+  for (const auto& b : buffers) {
+    fail(b.dtype() == mx::float32 && b.ndim() == 4 && b.shape(0) == 1 && b.shape(1) == buffers[0].shape(1) &&
+             b.shape(3) == buffers[0].shape(3),
+         "buffers must be float32 of shape (1, Hkv, capacity, D)");
+  }
+  const int kv_heads = buffers[0].shape(1), dim = buffers[0].shape(3);
+  fail(dim > 0 && dim % 16 == 0 && dim <= 256, "head size must be a multiple of 16, at most 256");
+  int R = 0;
+  for (int n : rows) {
+    fail(n >= 1, "each sequence needs at least one row");
+    R += n;
+  }
+  // (R, H, D) per head, or (..., H * D) with the R rows in the leading dims: the same row-major floats.
+  auto rows_of = [&](const mx::array& a, int h) {
+    if (a.ndim() < 1 || int64_t(a.size()) != int64_t(R) * h * dim) return false;
+    return (a.ndim() >= 2 && a.shape(-2) == h && a.shape(-1) == dim) || a.shape(-1) == h * dim;
+  };
+  fail(v.shape() == k.shape() && rows_of(k, kv_heads),
+       "k and v must be (R, Hkv, D) or (..., Hkv * D), where the rows per sequence add up to R and the buffers "
+       "are (1, Hkv, capacity, D)");
+  const int heads = int(q.size() / (size_t(R) * dim));
+  fail(rows_of(q, heads), "q must be (R, Hq, D) or (..., Hq * D) with R rows in the leading dims");
+  fail(heads % kv_heads == 0 && heads / kv_heads <= 64,
        "query heads must be a multiple of kv heads, at most 64 per kv head");
-  fail(dim % 16 == 0 && dim <= 256, "head size must be a multiple of 16, at most 256");
   fail(positions.dtype() == mx::int32 && positions.ndim() == 1 && positions.shape(0) == int(rows.size()),
        "positions must be int32 with one entry per sequence");
-  fail(buffers.size() == 2 * rows.size(), "need a keys and a values buffer per sequence");
   fail(rope.dims >= 0 && rope.dims % 2 == 0 && rope.dims <= dim, "rope dims must be even, 0..D");
   fail(inv_freq.dtype() == mx::float32 && inv_freq.ndim() == 1 && inv_freq.shape(0) == rope.dims / 2,
        "inv_freq must be float32 of shape (rope dims / 2,)");
-  int total = 0;
-  for (int n : rows) {
-    fail(n >= 1, "each sequence needs at least one row");
-    total += n;
-  }
-  fail(total == R, "rows per sequence must add up to q's rows");
   std::vector<mx::Shape> shapes{q.shape()};
   std::vector<mx::Dtype> dtypes{mx::float32};
   for (const auto& b : buffers) {
-    fail(b.dtype() == mx::float32 && b.ndim() == 4 && b.shape(0) == 1 && b.shape(1) == kv_heads &&
-             b.shape(3) == dim,
-         "buffers must be float32 of shape (1, Hkv, capacity, D)");
     shapes.push_back(b.shape());
     dtypes.push_back(mx::float32);
   }
@@ -280,7 +289,10 @@ void NativeAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector
                        in.flags().row_contiguous, int64_t(in.size())});
   }
   for (auto& out : outputs) encoder.set_output_array(out);
-  const int64_t heads = inputs[0].shape(1), kv_heads = inputs[1].shape(1), dim = inputs[0].shape(2);
+  const int64_t kv_heads = inputs[kFirstBuffer].shape(1), dim = inputs[kFirstBuffer].shape(3);
+  int64_t total_rows = 0;
+  for (int n : rows_) total_rows += n;
+  const int64_t heads = int64_t(inputs[0].size()) / (total_rows * dim);
   encoder.dispatch([q = Floats::of(inputs[0]), k = Floats::of(inputs[1]), v = Floats::of(inputs[2]),
                     positions = inputs[3].data<int32_t>(), inv_freq = inputs[4].data<float>(),
                     out = outputs[0].data<float>(), buffers = std::move(buffers), rows = rows_, scale = scale_,

@@ -63,26 +63,30 @@ def native_sequence(cache: Any, rows: int) -> NativeSequence | None:
 
 def attend_rows(attn: Any, x: mx.array, sequences: Sequence[NativeSequence]) -> mx.array:
     """Attention output (before o_proj) for the rows of `x` (leading dims flattened, feature dim
-    last): sequence i owns the next `sequences[i].rows` rows, its consecutive positions."""
-    rows = sum(s.rows for s in sequences)
+    last), shaped as `x` with the heads' outputs as features: sequence i owns the next
+    `sequences[i].rows` rows, its consecutive positions."""
     queries, keys, values = project(x, [attn.q_proj, attn.k_proj, attn.v_proj])
-    queries = queries.reshape(rows, attn.n_heads, -1)
-    keys, values = keys.reshape(rows, attn.n_kv_heads, -1), values.reshape(rows, attn.n_kv_heads, -1)
-    if hasattr(attn, "q_norm"):
-        queries, keys = attn.q_norm(queries), attn.k_norm(keys)
-    dim = queries.shape[-1]
+    known_rope = kernel_rope(attn.rope)
     starts = [s.position() for s in sequences]
-    known = all(isinstance(p, int) for p in starts)
-    if known:
+    if all(isinstance(p, int) for p in starts):
         firsts = mx.array(starts, dtype=mx.int32)
     else:  # the compiled step's slot: its position is an input array
         firsts = mx.concatenate([mx.array([p]) if isinstance(p, int) else p for p in starts]).astype(mx.int32)
-    rope = kernel_rope(attn.rope)
-    if rope is None:  # a RoPE variant the kernel does not know: MLX rotates, one position per row
-        positions = mx.concatenate([first + mx.arange(s.rows, dtype=mx.int32) for first, s in zip(firsts, sequences)])
-        queries = attn.rope(queries[:, :, None, :], offset=positions)[:, :, 0, :]
-        keys = attn.rope(keys[:, :, None, :], offset=positions)[:, :, 0, :]
-        rope = KernelRope(None, 0, False, 1.0)
+    # The kernel reads q, k and v as rows of heads, so the projections go in as they come: no
+    # per-head view (4 of a layer's ~15 graph nodes) unless a q/k norm or MLX's RoPE needs one.
+    per_head = hasattr(attn, "q_norm") or known_rope is None
+    if per_head:
+        rows = sum(s.rows for s in sequences)
+        queries = queries.reshape(rows, attn.n_heads, -1)
+        keys, values = keys.reshape(rows, attn.n_kv_heads, -1), values.reshape(rows, attn.n_kv_heads, -1)
+        if hasattr(attn, "q_norm"):
+            queries, keys = attn.q_norm(queries), attn.k_norm(keys)
+        if known_rope is None:  # a RoPE variant the kernel does not know: MLX rotates, one position per row
+            positions = mx.concatenate([first + mx.arange(s.rows, dtype=mx.int32) for first, s in zip(firsts, sequences)])
+            queries = attn.rope(queries[:, :, None, :], offset=positions)[:, :, 0, :]
+            keys = attn.rope(keys[:, :, None, :], offset=positions)[:, :, 0, :]
+    rope = known_rope or KernelRope(None, 0, False, 1.0)  # none: rotated already
+    dim = queries.shape[-1] if per_head else queries.shape[-1] // attn.n_heads
     buffers = [b for s in sequences for b in s.buffers(attn.n_kv_heads, dim)]
     from mlxkv_cpu_kernels import ops
 
@@ -91,7 +95,7 @@ def attend_rows(attn: Any, x: mx.array, sequences: Sequence[NativeSequence]) -> 
                                rope_scale=rope.scale)
     for i, sequence in enumerate(sequences):
         sequence.keep(written[2 * i], written[2 * i + 1])
-    return out.reshape(*x.shape[:-1], -1)
+    return out.reshape(*x.shape[:-1], -1) if per_head else out
 
 
 @dataclass(frozen=True)
