@@ -47,12 +47,13 @@ struct Rope {
 };
 
 // Writes each sequence's new keys and values into its buffers, then attends causally (see
-// attention.h). q (R, Hq, D), k and v (R, Hkv, D), float32; positions int32 (S,), the absolute
-// position of each sequence's first row; buffers: S (keys, values) pairs of shape
-// (1, Hkv, capacity, D) float32 with capacity >= position + rows; rows[s] consecutive rows per
-// sequence; inv_freq float32 (rope.dims / 2,) when rope.dims > 0. Returns [out (R, Hq, D),
-// keys_0, values_0, ...]: the buffers with the rows written (in place when MLX can donate them,
-// otherwise copies).
+// attention.h). q (R, Hq, D) or (..., Hq * D) with the R rows in the leading dims (the same
+// row-major floats: a projection's output goes in as it is), k and v likewise with Hkv heads,
+// float32; positions int32 (S,), the absolute position of each sequence's first row; buffers: S
+// (keys, values) pairs of shape (1, Hkv, capacity, D) float32 with capacity >= position + rows
+// (they give Hkv and D); rows[s] consecutive rows per sequence; inv_freq float32 (rope.dims / 2,)
+// when rope.dims > 0. Returns [out (q's shape), keys_0, values_0, ...]: the buffers with the rows
+// written (in place when MLX can donate them, otherwise copies).
 std::vector<mx::array> attend(
     const mx::array& q, const mx::array& k, const mx::array& v, const mx::array& positions,
     const std::vector<mx::array>& buffers, std::vector<int> rows, float scale, const mx::array& inv_freq,
