@@ -143,6 +143,8 @@ def test_compiled_call_matches_the_eager_one_with_the_position_as_an_input() -> 
     ("positions", "int32"),
     ("buffers", "keys and a values buffer"),
     ("buffer_shape", "(1, Hkv, capacity, D)"),
+    ("no_kv_heads", "(1, Hkv, capacity, D)"),
+    ("no_query_heads", "multiple of kv heads"),
     ("inv_freq", "inv_freq"),
 ])
 def test_bad_arguments_are_value_errors(change: str, message: str) -> None:
@@ -163,6 +165,10 @@ def test_bad_arguments_are_value_errors(change: str, message: str) -> None:
         buffers = buffers[:1]
     elif change == "inv_freq":
         inv_freq, rope_dims = mx.ones((4,)), 16
+    elif change == "no_kv_heads":
+        k, v, buffers = mx.zeros((3, 0, 16)), mx.zeros((3, 0, 16)), empty(0, 16)
+    elif change == "no_query_heads":
+        q = mx.zeros((3, 0, 16))
     else:
         buffers = [mx.zeros((1, 3, 64, 16)), mx.zeros((1, 3, 64, 16))]
     with pytest.raises(ValueError, match=message):

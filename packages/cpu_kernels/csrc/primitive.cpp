@@ -212,8 +212,8 @@ std::vector<mx::array> attend(
        "q, k and v must be float32");
   fail(!rows.empty() && buffers.size() == 2 * rows.size(), "need a keys and a values buffer per sequence");
   for (const auto& b : buffers) {
-    fail(b.dtype() == mx::float32 && b.ndim() == 4 && b.shape(0) == 1 && b.shape(1) == buffers[0].shape(1) &&
-             b.shape(3) == buffers[0].shape(3),
+    fail(b.dtype() == mx::float32 && b.ndim() == 4 && b.shape(0) == 1 && b.shape(1) > 0 &&
+             b.shape(1) == buffers[0].shape(1) && b.shape(3) == buffers[0].shape(3),
          "buffers must be float32 of shape (1, Hkv, capacity, D)");
   }
   const int kv_heads = buffers[0].shape(1), dim = buffers[0].shape(3);
@@ -233,7 +233,7 @@ std::vector<mx::array> attend(
        "are (1, Hkv, capacity, D)");
   const int heads = int(q.size() / (size_t(R) * dim));
   fail(rows_of(q, heads), "q must be (R, Hq, D) or (..., Hq * D) with R rows in the leading dims");
-  fail(heads % kv_heads == 0 && heads / kv_heads <= 64,
+  fail(heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= 64,
        "query heads must be a multiple of kv heads, at most 64 per kv head");
   fail(positions.dtype() == mx::int32 && positions.ndim() == 1 && positions.shape(0) == int(rows.size()),
        "positions must be int32 with one entry per sequence");
