@@ -137,6 +137,28 @@ def test_staggered_batch_gives_every_sequence_its_tokens_alone(kind: str, quanti
     assert scheduler.batched_steps > 0 or kind == "gemma3_text"  # sliding windows decode a graph per row
 
 
+def test_a_rope_the_native_kernel_does_not_know_rotates_in_mlx_first_and_batches_exactly() -> None:
+    """YaRN's RoPE is none the attention kernel computes itself: MLX rotates q and k (per-head
+    views) before the native call. Rows batch as they run alone, and the step's logits are
+    mlx-lm's attention's on the same 4-bit weights up to float rounding."""
+    from mlxkv_inference.models.native_attention import kernel_rope
+
+    yarn = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64}
+    binding = make_tiny_binding("llama", seed=4, native=True, rope_scaling=yarn)
+    assert binding.native_attention and kernel_rope(binding.model.model.layers[0].self_attn.rope) is None
+    specs = make_specs(6)
+    assert scheduled(BatchScheduler(binding, max_batch=6, prefill_budget=8), binding, specs) == alone(binding, specs)
+    reference = make_tiny_binding("llama", seed=4, rope_scaling=yarn)
+    nn.quantize(reference.model, group_size=32, bits=4)
+    prompt = make_prompt(40, seed=3)
+    logits = []
+    for model in (binding, reference):
+        caches = model.make_cache()
+        model.prefill(prompt[:-1], caches)
+        logits.append(model.decode(mx.array(prompt[-1:]), caches))
+    assert mx.allclose(logits[0], logits[1], atol=1e-3, rtol=1e-3).item()
+
+
 def test_a_batch_smaller_than_the_arrivals_queues_the_rest_and_stays_exact() -> None:
     binding = tiny("llama", False)
     specs = make_specs(6)
