@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -100,13 +101,13 @@ def test_embedded_native_attention_reads_the_projections_as_they_come_with_the_s
     attn = embedded_native.model.model.layers[0].self_attn
     widths: list[tuple[int, int, int]] = []  # q, k and v's last dims as the kernel gets them
 
-    def recorded(q: mx.array, k: mx.array, v: mx.array, *args: object, **kwargs: object) -> list[mx.array]:
+    def recorded(q: mx.array, k: mx.array, v: mx.array, *args: Any, **kwargs: Any) -> list[mx.array]:
         widths.append((q.shape[-1], k.shape[-1], v.shape[-1]))
-        return attend(q, k, v, *args, **kwargs)  # type: ignore[arg-type]
+        return attend(q, k, v, *args, **kwargs)
 
-    def per_head(q: mx.array, k: mx.array, v: mx.array, *args: object, **kwargs: object) -> list[mx.array]:
-        heads = [a.reshape(-1, n, a.shape[-1] // n) for a, n in ((q, attn.n_heads), (k, attn.n_kv_heads), (v, attn.n_kv_heads))]
-        out, *written = attend(*heads, *args, **kwargs)  # type: ignore[arg-type]
+    def per_head(q: mx.array, k: mx.array, v: mx.array, *args: Any, **kwargs: Any) -> list[mx.array]:
+        hq, hk, hv = (a.reshape(-1, n, a.shape[-1] // n) for a, n in ((q, attn.n_heads), (k, attn.n_kv_heads), (v, attn.n_kv_heads)))
+        out, *written = attend(hq, hk, hv, *args, **kwargs)
         return [out.reshape(q.shape), *written]
 
     prompt = embedded_native.tokenizer.encode(PROMPT)

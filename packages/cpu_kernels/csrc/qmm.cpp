@@ -27,8 +27,8 @@ constexpr int64_t kOwnXRows = 16;
 // Multiply-adds a chunk must hold to be worth a claim of its own once every thread has one.
 constexpr int64_t kMinChunkWork = int64_t(1) << 20;
 // Multiply-adds below which one thread does the whole job (a lone 192 x 576 GEMV, the size of the
-// embedded model's k and v projections): waking a worker costs more than the work. Above it every thread gets a chunk:
-// a one-row product streams its weights from memory, and two cores streaming halves beat one
+// embedded model's k and v projections): waking a worker costs more than the work. Above it every
+// thread gets a chunk: a one-row product streams its weights from memory, and two cores streaming halves beat one
 // streaming all (standalone, a lone decode step's products: 9.8 ms with only the lm_head split,
 // 6.6 ms with this; 8 rows 16.8 -> 16.5 ms).
 constexpr int64_t kMinSplitWork = int64_t(1) << 17;
