@@ -190,6 +190,27 @@ def test_a_row_is_its_one_row_product_bitwise_in_every_row_tile(bits: int, m: in
             assert np.array_equal(together[i], alone[i]), f"{isa}: row {i} of {m}"
 
 
+@pytest.mark.usefixtures("restore_threads_and_isa")
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("m", [1, 6, 8, 16, 19])
+def test_a_long_k_gives_every_row_its_one_row_bits_in_every_instruction_set(bits: int, m: int) -> None:
+    # K = 1536 (the embedded model's down projection): AVX2 splits 8 rows into two sub-tiles there
+    # (x outgrows L1) and its panel kernel walks a K that long; every row must still be its one-row
+    # product's bits, and every instruction set the portable path's.
+    w, scales, biases = quantized(40, 1536, 32, bits, mx.float16, seed=30)
+    batch = rows(m, 1536, seed=31)
+    outputs = {}
+    for isa in supported_isas():
+        ops.set_isa(isa)
+        together = as_numpy(ops.quantized_matmul(batch, w, scales, biases, 32, bits))
+        for i in range(m):
+            alone = as_numpy(ops.quantized_matmul(batch[i : i + 1], w, scales, biases, 32, bits))[0]
+            assert np.array_equal(together[i], alone), f"{isa}: row {i} of {m}"
+        outputs[isa] = together
+    generic = outputs["generic"]
+    assert all(np.array_equal(generic, other) for other in outputs.values())
+
+
 def test_compiled_call_matches_the_eager_one_bitwise() -> None:
     w, scales, biases = quantized(64, 256, 64, 4, mx.float16, seed=11)
     x = rows(3, 256, seed=12)

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -58,8 +59,25 @@ bool cpu_has(Isa isa) {
 // The pool mutex also serialises products: set_num_threads waits for a running one.
 std::mutex pool_mutex;
 std::unique_ptr<ThreadPool> pool;
-std::vector<std::vector<float>> panels;
-std::vector<std::vector<float>> x_permuted;  // per thread where each permutes x itself, else [0] for all
+// Cache-line aligned floats: with rows a multiple of 32 floats long, no vector load of x or of a
+// panel straddles two lines (malloc's 16-byte alignment split every other AVX2 load of x; aligning
+// x made an 8-row AVX2 tile ~25% faster standalone).
+template <class T>
+struct LineAligned {
+  using value_type = T;
+  static constexpr std::align_val_t kAlign{64};
+  LineAligned() = default;
+  template <class U>
+  LineAligned(const LineAligned<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlign)); }
+  void deallocate(T* p, size_t) { ::operator delete(p, kAlign); }
+  template <class U>
+  bool operator==(const LineAligned<U>&) const { return true; }
+};
+using Floats = std::vector<float, LineAligned<float>>;
+
+std::vector<Floats> panels;
+std::vector<Floats> x_permuted;  // per thread where each permutes x itself, else [0] for all
 std::vector<uint8_t> x_ready;  // per thread: its x_permuted holds this product's x
 Isa selected = best_isa();
 

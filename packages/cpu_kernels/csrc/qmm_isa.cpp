@@ -20,7 +20,10 @@ namespace {
 #if QMM_ISA == 3
 constexpr int kRows = 4;
 #elif QMM_ISA == 2
-constexpr int kRows = 2;
+// half_micro's 3 x 4 accumulators, one register each: 12 fma chains in flight (8 leave the two FMA
+// pipes waiting on latency; 4 x 4 spills). Standalone, 64 rows x 576 x 576 4-bit: 35 -> 74
+// GFLOP/s on one core; 576 x 1536: 45 -> 40 (x outgrows L2 at 64 rows x 1536).
+constexpr int kRows = 3;
 #else
 constexpr int kRows = 1;
 #endif
@@ -156,8 +159,45 @@ inline void store_sums(const A (&acc)[R][C], float* y, int64_t ld) {
 // R rows x C columns of output, all K, 16 lanes per element; column c of the panel starts at
 // panel + c * ld. AVX-512 reduces the sums four at a time (store_sums; at 64 rows 1536 x 576 and
 // 576 x 576 12-13% faster than reduce16 per element, 576 x 1536 1%).
+#if QMM_ISA == 2
+// micro on AVX2: as half_tile, K walked once per half of the 16 lanes (lanes 0-7 read k % 16 < 8,
+// lanes 8-15 the rest), one register per accumulator; same chains, same bits.
+template <int R, int C>
+void half_micro(const QmmArgs& a, int64_t m, int64_t n, const float* panel, int64_t ld) {
+  __m256 low[R][C];
+  for (int half = 0; half < 2; ++half) {
+    const float* x = a.x + m * a.K + 8 * half;
+    const float* p = panel + 8 * half;
+    __m256 acc[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < a.K; k += 16) {
+      __m256 wv[C];
+      for (int c = 0; c < C; ++c) wv[c] = _mm256_loadu_ps(p + c * ld + k);
+      for (int r = 0; r < R; ++r) {
+        const __m256 xv = _mm256_loadu_ps(x + r * a.K + k);
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+      }
+    }
+    if (half == 0) {
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) low[r][c] = acc[r][c];
+    } else {
+      V16 sums[R][C];
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) sums[r][c] = {low[r][c], acc[r][c]};
+      store_sums<R, C>(sums, a.y + m * a.N + n, a.N);
+    }
+  }
+}
+#endif
+
 template <int R, int C>
 void micro(const QmmArgs& a, int64_t m, int64_t n, const float* panel, int64_t ld) {
+#if QMM_ISA == 2
+  half_micro<R, C>(a, m, n, panel, ld);
+  return;
+#endif
   V16 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = V16::zero();
@@ -336,6 +376,9 @@ void rows4_table(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
   store_sums<R, C>(acc, a.y + m * a.N + n, a.N);
 }
 
+#endif
+
+#if QMM_ISA >= 2
 // kernel.operator()<P, B>() for this product: P the scales' type, B the blocks of 32 codes per
 // group where groups are 32 wide (GGUF's), so the block loop's count is known at compile time
 // (measured ~10% faster at 8 rows), else 0 (read from the arguments).
@@ -346,6 +389,76 @@ inline void with_layout(const QmmArgs& a, Kernel&& kernel) {
     narrow ? kernel.template operator()<uint16_t, 1>() : kernel.template operator()<uint16_t, 0>();
   } else {
     narrow ? kernel.template operator()<float, 1>() : kernel.template operator()<float, 0>();
+  }
+}
+#endif
+
+#if QMM_ISA == 2
+// AVX2 holds an element's 16 lane sums in two registers, lanes 0-7 and 8-15: two chains that
+// meet only in the final tree, and each reads its own half of every block of 32 codes (4-bit:
+// bytes 0-7 and 8-15; 8-bit: words 0-7 and 8-15) and of x. So a tile walks K twice, once per
+// half, with one register per accumulator: R x C accumulators fit 16 registers where gemv_rows'
+// 2 R C spilled (8 x 2, and the GEMV's 1 x 4 with its weights). Same fma(q, s, b), same chains,
+// same tree: gemv_rows' bits.
+template <typename P>
+inline __m256 broadcast_param(const P* p) {
+  if constexpr (sizeof(P) == 4) {
+    return _mm256_broadcast_ss(p);
+  } else {
+    return _mm256_set1_ps(_cvtsh_ss(*p));
+  }
+}
+
+template <int R, int C, typename P, int kBlocks, int kBits>
+void half_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
+  constexpr int kBlockBytes = 4 * kBits, kHalfBytes = 2 * kBits;
+  const int64_t row_bytes = a.K * kBits / 8, groups = a.K / a.group_size;
+  const int64_t blocks_per_group = kBlocks > 0 ? kBlocks : a.group_size / 32;
+  const P* scales = static_cast<const P*>(a.scales) + n * groups;
+  const P* biases = static_cast<const P*>(a.biases) + n * groups;
+  const __m256i mask = _mm256_set1_epi32(kBits == 4 ? 0x0f : 0xff);
+  const __m128i shift = _mm_cvtsi32_si128(kBits);
+  __m256 low[R][C];  // lanes 0-7 of every element, from the first walk
+  for (int half = 0; half < 2; ++half) {
+    const float* x = a.x + m * a.K + 8 * half;
+    const uint8_t* w = a.w + n * row_bytes + half * kHalfBytes;
+    const uint8_t* next = a.w + (n + ahead) * row_bytes + 256;  // the rows `ahead` columns on
+    __m256 acc[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      __m256 vs[C], vb[C];
+      for (int c = 0; c < C; ++c) vs[c] = broadcast_param(scales + c * groups + g), vb[c] = broadcast_param(biases + c * groups + g);
+      for (int64_t j = 0; j < blocks_per_group; ++j, k += 32, w += kBlockBytes) {
+        if (half == 0 && ahead > 0) {
+          for (int off = 0; off < kBlockBytes * C; off += 64) __builtin_prefetch(next + off);
+          next += kBlockBytes * C;
+        }
+        for (int c = 0; c < C; ++c) {
+          const uint8_t* src = w + c * row_bytes;
+          __m256i codes;
+          if constexpr (kBits == 4) {
+            codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
+          } else {
+            codes = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+          }
+          const __m256 even = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(codes, mask)), vs[c], vb[c]);
+          const __m256 odd = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srl_epi32(codes, shift)), vs[c], vb[c]);
+          for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * a.K + k), even, acc[r][c]);
+          for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * a.K + k + 16), odd, acc[r][c]);
+        }
+      }
+    }
+    if (half == 0) {
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) low[r][c] = acc[r][c];
+    } else {
+      V16 sums[R][C];
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) sums[r][c] = {low[r][c], acc[r][c]};
+      store_sums<R, C>(sums, a.y + m * a.N + n, a.N);
+    }
   }
 }
 #endif
@@ -362,6 +475,15 @@ void row_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
     with_layout(a, [&]<typename P, int B>() { rows8_tile<R, C, P, B>(a, m, n, ahead); });
     return;
   }
+#elif QMM_ISA == 2
+  if (a.bits == 4) {
+    with_layout(a, [&]<typename P, int B>() { half_tile<R, C, P, B, 4>(a, m, n, ahead); });
+    return;
+  }
+  if (a.bits == 8) {
+    with_layout(a, [&]<typename P, int B>() { half_tile<R, C, P, B, 8>(a, m, n, ahead); });
+    return;
+  }
 #endif
   gemv_rows<R, C>(a, m, n, ahead);
 }
@@ -372,9 +494,9 @@ void row_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
 // time (4-bit on AVX-512: 3 at 5 or 6 rows), up to 4 rows take 4 (R x C accumulators in
 // registers); each block's dequantization serves R rows either way.
 constexpr int64_t kTileCols = 16, kSubRows = 8;
-// Above it the dequantized panel wins: on AVX-512 past 16 rows; with AVX2's 16 registers (an 8 x 2
-// tile spills) already past one sub-tile.
-constexpr int64_t kFewRows = QMM_ISA == 3 ? 16 : kSubRows;
+// Above it the dequantized panel wins: past 16 rows on AVX-512 and on AVX2 (half_tile); the
+// portable path past one sub-tile.
+constexpr int64_t kFewRows = QMM_ISA >= 2 ? 16 : kSubRows;
 
 // Columns [n, n + cols) of one sub-tile, C at a time, then a pair, then singles.
 template <int R, int C>
@@ -398,6 +520,11 @@ void sub_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t cols, bool first) 
     return;
   }
 #endif
+#if QMM_ISA == 2
+  // half_tile: one register per accumulator, so R x C <= 8 leaves room for the weights.
+  sub_tile_cols<R, R <= 2 ? 4 : R <= 4 ? 2 : 1>(a, m, n, cols, first);
+  return;
+#endif
   sub_tile_cols<R, R <= 4 ? 4 : 2>(a, m, n, cols, first);
 }
 
@@ -414,9 +541,20 @@ void sub_tile_rows(const QmmArgs& a, int64_t m, int64_t rows, int64_t n, int64_t
   }
 }
 
-// Rows [m0, m1), at most kFewRows of them, split into near-equal sub-tiles of at most kSubRows.
+// Rows of a sub-tile: kSubRows, except on AVX2 over a long K, where 8 rows of x (48 KB at K =
+// 1536) outgrow L1 and every column pass would read x again from L2: 4 rows (standalone, an
+// 8-row 576 x 1536 product ~1.9x faster as two 4-row sub-tiles; at K = 576 one 8-row sub-tile
+// stays faster).
+inline int64_t sub_rows([[maybe_unused]] const QmmArgs& a) {
+#if QMM_ISA == 2
+  if (a.K > 1024) return 4;
+#endif
+  return kSubRows;
+}
+
+// Rows [m0, m1), at most kFewRows of them, split into near-equal sub-tiles of at most sub_rows.
 void few_rows(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1) {
-  const int64_t rows = m1 - m0, parts = (rows + kSubRows - 1) / kSubRows;
+  const int64_t rows = m1 - m0, parts = (rows + sub_rows(a) - 1) / sub_rows(a);
   for (int64_t n = n0; n < n1; n += kTileCols) {
     const int64_t cols = n1 - n < kTileCols ? n1 - n : kTileCols;
     for (int64_t p = 0, m = m0; p < parts; ++p) {
