@@ -417,7 +417,6 @@ void half_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
   const P* scales = static_cast<const P*>(a.scales) + n * groups;
   const P* biases = static_cast<const P*>(a.biases) + n * groups;
   const __m256i mask = _mm256_set1_epi32(kBits == 4 ? 0x0f : 0xff);
-  const __m128i shift = _mm_cvtsi32_si128(kBits);
   __m256 low[R][C];  // lanes 0-7 of every element, from the first walk
   for (int half = 0; half < 2; ++half) {
     const float* x = a.x + m * a.K + 8 * half;
@@ -428,14 +427,15 @@ void half_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
       for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
     int64_t k = 0;
     for (int64_t g = 0; g < groups; ++g) {
-      __m256 vs[C], vb[C];
-      for (int c = 0; c < C; ++c) vs[c] = broadcast_param(scales + c * groups + g), vb[c] = broadcast_param(biases + c * groups + g);
       for (int64_t j = 0; j < blocks_per_group; ++j, k += 32, w += kBlockBytes) {
         if (half == 0 && ahead > 0) {
           for (int off = 0; off < kBlockBytes * C; off += 64) __builtin_prefetch(next + off);
           next += kBlockBytes * C;
         }
         for (int c = 0; c < C; ++c) {
+          // Each column's scale and bias where they are used, not all C held across the block:
+          // with 12 accumulators the registers have no room for 2 C more.
+          const __m256 vs = broadcast_param(scales + c * groups + g), vb = broadcast_param(biases + c * groups + g);
           const uint8_t* src = w + c * row_bytes;
           __m256i codes;
           if constexpr (kBits == 4) {
@@ -443,8 +443,8 @@ void half_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
           } else {
             codes = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
           }
-          const __m256 even = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(codes, mask)), vs[c], vb[c]);
-          const __m256 odd = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srl_epi32(codes, shift)), vs[c], vb[c]);
+          const __m256 even = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(codes, mask)), vs, vb);
+          const __m256 odd = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(codes, kBits)), vs, vb);
           for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * a.K + k), even, acc[r][c]);
           for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * a.K + k + 16), odd, acc[r][c]);
         }
