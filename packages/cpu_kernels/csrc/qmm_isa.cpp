@@ -156,10 +156,22 @@ inline void store_sums(const A (&acc)[R][C], float* y, int64_t ld) {
 #endif
 }
 
-// R rows x C columns of output, all K, 16 lanes per element; column c of the panel starts at
-// panel + c * ld. AVX-512 reduces the sums four at a time (store_sums; at 64 rows 1536 x 576 and
-// 576 x 576 12-13% faster than reduce16 per element, 576 x 1536 1%).
 #if QMM_ISA == 2
+// The end of an AVX2 tile's walk over K for one half of the lanes (see half_tile): the first
+// keeps its sums (lanes 0-7) in `low`, the second stores the elements' trees.
+template <int R, int C>
+inline void end_walk(int half, __m256 (&low)[R][C], const __m256 (&acc)[R][C], float* y, int64_t ld) {
+  if (half == 0) {
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) low[r][c] = acc[r][c];
+    return;
+  }
+  V16 sums[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) sums[r][c] = {low[r][c], acc[r][c]};
+  store_sums<R, C>(sums, y, ld);
+}
+
 // micro on AVX2: as half_tile, K walked once per half of the 16 lanes (lanes 0-7 read k % 16 < 8,
 // lanes 8-15 the rest), one register per accumulator; same chains, same bits.
 template <int R, int C>
@@ -179,19 +191,14 @@ void half_micro(const QmmArgs& a, int64_t m, int64_t n, const float* panel, int6
         for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
       }
     }
-    if (half == 0) {
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) low[r][c] = acc[r][c];
-    } else {
-      V16 sums[R][C];
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) sums[r][c] = {low[r][c], acc[r][c]};
-      store_sums<R, C>(sums, a.y + m * a.N + n, a.N);
-    }
+    end_walk<R, C>(half, low, acc, a.y + m * a.N + n, a.N);
   }
 }
 #endif
 
+// R rows x C columns of output, all K, 16 lanes per element; column c of the panel starts at
+// panel + c * ld. AVX-512 reduces the sums four at a time (store_sums; at 64 rows 1536 x 576 and
+// 576 x 576 12-13% faster than reduce16 per element, 576 x 1536 1%).
 template <int R, int C>
 void micro(const QmmArgs& a, int64_t m, int64_t n, const float* panel, int64_t ld) {
 #if QMM_ISA == 2
@@ -450,15 +457,7 @@ void half_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
         }
       }
     }
-    if (half == 0) {
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) low[r][c] = acc[r][c];
-    } else {
-      V16 sums[R][C];
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) sums[r][c] = {low[r][c], acc[r][c]};
-      store_sums<R, C>(sums, a.y + m * a.N + n, a.N);
-    }
+    end_walk<R, C>(half, low, acc, a.y + m * a.N + n, a.N);
   }
 }
 #endif
@@ -494,8 +493,9 @@ void row_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
 // time (4-bit on AVX-512: 3 at 5 or 6 rows), up to 4 rows take 4 (R x C accumulators in
 // registers); each block's dequantization serves R rows either way.
 constexpr int64_t kTileCols = 16, kSubRows = 8;
-// Above it the dequantized panel wins: past 16 rows on AVX-512 and on AVX2 (half_tile); the
-// portable path past one sub-tile.
+// Past it the dequantized panel: on AVX-512 past 16 rows; on AVX2 too (at 9-16 rows its half_tile
+// sub-tiles and half_micro's panel measured alike, both well ahead of the old spilling panel);
+// the portable path past one sub-tile.
 constexpr int64_t kFewRows = QMM_ISA >= 2 ? 16 : kSubRows;
 
 // Columns [n, n + cols) of one sub-tile, C at a time, then a pair, then singles.
