@@ -55,6 +55,35 @@ inline float param(const QmmArgs& a, const void* p, int64_t i) {
 #endif
 }
 
+#if QMM_ISA >= 2
+// param for a scale type P fixed at compile time (the tiles' with_layout): float or float16 bits.
+template <typename P>
+inline float typed_param(const P* p) {
+  if constexpr (sizeof(P) == 4) {
+    return *p;
+  } else {
+    return _cvtsh_ss(*p);
+  }
+}
+#endif
+
+#if QMM_ISA == 2
+// One half of a block's codes (dequant32's lanes 0-7 or 8-15): the 8 bytes (4-bit) or 8 words
+// (8-bit) at `src` zero-extended, then fma(q, s, b) of their low and high codes.
+template <int kBits>
+inline void dequant_half(const uint8_t* src, __m256 vs, __m256 vb, __m256& even, __m256& odd) {
+  __m256i codes;
+  if constexpr (kBits == 4) {
+    codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
+  } else {
+    codes = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+  }
+  const __m256i mask = _mm256_set1_epi32(kBits == 4 ? 0x0f : 0xff);
+  even = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(codes, mask)), vs, vb);
+  odd = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(codes, kBits)), vs, vb);
+}
+#endif
+
 // The 32 codes of block k0 (k0 % 32 == 0) starting at `src`, dequantized as fma(q, s, b) and split
 // the way the packing lies: `even` holds k0 + 0, 2, ..., 30 and `odd` k0 + 1, 3, ..., 31 (x is
 // permuted to match, see qmm.h). 4-bit byte i holds k0 + 2i (low nibble) and k0 + 2i + 1 (high);
@@ -76,23 +105,14 @@ inline void dequant32(const uint8_t* src, int bits, float s, float b, V16& even,
   even = {_mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), vs, vb)};
   odd = {_mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), vs, vb)};
 #elif QMM_ISA == 2
-  __m256i c0, c1;
-  int mask, shift;
-  if (bits == 4) {
-    c0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
-    c1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + 8)));
-    mask = 0x0f, shift = 4;
-  } else {
-    c0 = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
-    c1 = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16)));
-    mask = 0xff, shift = 8;
-  }
-  const __m256i m = _mm256_set1_epi32(mask);
-  const __m128i sh = _mm_cvtsi32_si128(shift);
   const __m256 vs = _mm256_set1_ps(s), vb = _mm256_set1_ps(b);
-  auto deq = [&](__m256i q) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), vs, vb); };
-  even = {deq(_mm256_and_si256(c0, m)), deq(_mm256_and_si256(c1, m))};
-  odd = {deq(_mm256_srl_epi32(c0, sh)), deq(_mm256_srl_epi32(c1, sh))};
+  if (bits == 4) {
+    dequant_half<4>(src, vs, vb, even.lo, odd.lo);
+    dequant_half<4>(src + 8, vs, vb, even.hi, odd.hi);
+  } else {
+    dequant_half<8>(src, vs, vb, even.lo, odd.lo);
+    dequant_half<8>(src + 16, vs, vb, even.hi, odd.hi);
+  }
 #else
   for (int i = 0; i < 16; ++i) {
     int lo, hi;
@@ -203,8 +223,7 @@ template <int R, int C>
 void micro(const QmmArgs& a, int64_t m, int64_t n, const float* panel, int64_t ld) {
 #if QMM_ISA == 2
   half_micro<R, C>(a, m, n, panel, ld);
-  return;
-#endif
+#else
   V16 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = V16::zero();
@@ -218,6 +237,7 @@ void micro(const QmmArgs& a, int64_t m, int64_t n, const float* panel, int64_t l
     }
   }
   store_sums<R, C>(acc, a.y + m * a.N + n, a.N);
+#endif
 }
 
 template <int R>
@@ -292,12 +312,8 @@ void rows8_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
   for (int64_t g = 0; g < groups; ++g) {
     __m512 vs[C], vb[C];
     for (int c = 0; c < C; ++c) {
-      if constexpr (sizeof(P) == 4) {
-        vs[c] = _mm512_set1_ps(scales[c * groups + g]), vb[c] = _mm512_set1_ps(biases[c * groups + g]);
-      } else {
-        vs[c] = _mm512_set1_ps(_cvtsh_ss(scales[c * groups + g]));
-        vb[c] = _mm512_set1_ps(_cvtsh_ss(biases[c * groups + g]));
-      }
+      vs[c] = _mm512_set1_ps(typed_param(scales + c * groups + g));
+      vb[c] = _mm512_set1_ps(typed_param(biases + c * groups + g));
     }
     for (int64_t j = 0; j < blocks_per_group; ++j, k += 32, w += 32) {
       if (ahead > 0) {
@@ -331,11 +347,7 @@ void rows8_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
 template <typename P>
 inline __m512 group_table(const P* scales, const P* biases, int64_t g) {
   const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  if constexpr (sizeof(P) == 4) {
-    return _mm512_fmadd_ps(q, _mm512_set1_ps(scales[g]), _mm512_set1_ps(biases[g]));
-  } else {
-    return _mm512_fmadd_ps(q, _mm512_set1_ps(_cvtsh_ss(scales[g])), _mm512_set1_ps(_cvtsh_ss(biases[g])));
-  }
+  return _mm512_fmadd_ps(q, _mm512_set1_ps(typed_param(scales + g)), _mm512_set1_ps(typed_param(biases + g)));
 }
 
 // R rows (R <= 8) x C columns with the table: each block's looked-up weights serve all R rows,
@@ -407,15 +419,6 @@ inline void with_layout(const QmmArgs& a, Kernel&& kernel) {
 // half, with one register per accumulator: R x C accumulators fit 16 registers where gemv_rows'
 // 2 R C spilled (8 x 2, and the GEMV's 1 x 4 with its weights). Same fma(q, s, b), same chains,
 // same tree: gemv_rows' bits.
-template <typename P>
-inline __m256 broadcast_param(const P* p) {
-  if constexpr (sizeof(P) == 4) {
-    return _mm256_broadcast_ss(p);
-  } else {
-    return _mm256_set1_ps(_cvtsh_ss(*p));
-  }
-}
-
 template <int R, int C, typename P, int kBlocks, int kBits>
 void half_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
   constexpr int kBlockBytes = 4 * kBits, kHalfBytes = 2 * kBits;
@@ -423,7 +426,6 @@ void half_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
   const int64_t blocks_per_group = kBlocks > 0 ? kBlocks : a.group_size / 32;
   const P* scales = static_cast<const P*>(a.scales) + n * groups;
   const P* biases = static_cast<const P*>(a.biases) + n * groups;
-  const __m256i mask = _mm256_set1_epi32(kBits == 4 ? 0x0f : 0xff);
   __m256 low[R][C];  // lanes 0-7 of every element, from the first walk
   for (int half = 0; half < 2; ++half) {
     const float* x = a.x + m * a.K + 8 * half;
@@ -442,16 +444,10 @@ void half_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
         for (int c = 0; c < C; ++c) {
           // Each column's scale and bias where they are used, not all C held across the block:
           // with 12 accumulators the registers have no room for 2 C more.
-          const __m256 vs = broadcast_param(scales + c * groups + g), vb = broadcast_param(biases + c * groups + g);
-          const uint8_t* src = w + c * row_bytes;
-          __m256i codes;
-          if constexpr (kBits == 4) {
-            codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
-          } else {
-            codes = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
-          }
-          const __m256 even = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(codes, mask)), vs, vb);
-          const __m256 odd = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(codes, kBits)), vs, vb);
+          const __m256 vs = _mm256_set1_ps(typed_param(scales + c * groups + g));
+          const __m256 vb = _mm256_set1_ps(typed_param(biases + c * groups + g));
+          __m256 even, odd;
+          dequant_half<kBits>(w + c * row_bytes, vs, vb, even, odd);
           for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * a.K + k), even, acc[r][c]);
           for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * a.K + k + 16), odd, acc[r][c]);
         }
@@ -523,9 +519,9 @@ void sub_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t cols, bool first) 
 #if QMM_ISA == 2
   // half_tile: one register per accumulator, so R x C <= 8 leaves room for the weights.
   sub_tile_cols<R, R <= 2 ? 4 : R <= 4 ? 2 : 1>(a, m, n, cols, first);
-  return;
-#endif
+#else
   sub_tile_cols<R, R <= 4 ? 4 : 2>(a, m, n, cols, first);
+#endif
 }
 
 void sub_tile_rows(const QmmArgs& a, int64_t m, int64_t rows, int64_t n, int64_t cols, bool first) {
@@ -554,7 +550,7 @@ inline int64_t sub_rows([[maybe_unused]] const QmmArgs& a) {
 
 // Rows [m0, m1), at most kFewRows of them, split into near-equal sub-tiles of at most sub_rows.
 void few_rows(const QmmArgs& a, int64_t n0, int64_t n1, int64_t m0, int64_t m1) {
-  const int64_t rows = m1 - m0, parts = (rows + sub_rows(a) - 1) / sub_rows(a);
+  const int64_t rows = m1 - m0, most = sub_rows(a), parts = (rows + most - 1) / most;
   for (int64_t n = n0; n < n1; n += kTileCols) {
     const int64_t cols = n1 - n < kTileCols ? n1 - n : kTileCols;
     for (int64_t p = 0, m = m0; p < parts; ++p) {
