@@ -60,21 +60,24 @@ def test_matches_mlx_causal_attention_and_writes_the_rows(heads: int, kv_heads: 
     assert (written[0][0, :, 20:] == 0).all().item()
 
 
-def test_a_row_is_bitwise_the_same_fed_alone_in_a_chunk_or_next_to_other_sequences() -> None:
-    heads, kv_heads, dim, n = 6, 2, 32, 40
+# (6, 2, 32) over 40 positions; the embedded model's heads over 150, past the kernel's blocks of
+# 64 keys and 8 rows (a block's rows attend different numbers of keys).
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "n"), [(6, 2, 32, 40), (9, 3, 64, 150)])
+def test_a_row_is_bitwise_the_same_fed_alone_in_a_chunk_or_next_to_other_sequences(
+        heads: int, kv_heads: int, dim: int, n: int) -> None:
     q, k, v = tensors(n, heads, kv_heads, dim, seed=3)
-    together, _ = attend(q, k, v, [0], empty(kv_heads, dim), [n])
-    buffers, alone = empty(kv_heads, dim), []
+    together, _ = attend(q, k, v, [0], empty(kv_heads, dim, 256), [n])
+    buffers, alone = empty(kv_heads, dim, 256), []
     for r in range(n):
         out, buffers = attend(q[r : r + 1], k[r : r + 1], v[r : r + 1], [r], buffers, [1])
         alone.append(out)
     assert mx.array_equal(mx.concatenate(alone), together).item()
-    # Chunks of 5 and 35, the second next to another sequence's 3 rows at another position.
-    first, buffers = attend(q[:5], k[:5], v[:5], [0], empty(kv_heads, dim), [5])
+    # Chunks of 5 and the rest, the second next to another sequence's 3 rows at another position.
+    first, buffers = attend(q[:5], k[:5], v[:5], [0], empty(kv_heads, dim, 256), [5])
     oq, ok, ov = tensors(3, heads, kv_heads, dim, seed=4)
     _, other = attend(oq, ok, ov, [0], empty(kv_heads, dim), [3])
     second, _ = attend(mx.concatenate([oq, q[5:]]), mx.concatenate([ok, k[5:]]), mx.concatenate([ov, v[5:]]),
-                       [3, 5], other + buffers, [3, 35])
+                       [3, 5], other + buffers, [3, n - 5])
     assert mx.array_equal(mx.concatenate([first, second[3:]]), together).item()
 
 

@@ -13,9 +13,10 @@ namespace {
 // context): waking a worker costs more than the work.
 constexpr int64_t kMinParallelWork = int64_t(1) << 18;
 
+// Rows first .. first + rows - 1 of a sequence, for kv head g.
 struct Item {
   const AttnSequence* sequence;
-  int64_t row;
+  int64_t first, rows, g;
 };
 
 std::vector<std::vector<float>> scratch;  // per pool thread; guarded by the pool's lock
@@ -24,34 +25,38 @@ std::vector<std::vector<float>> scratch;  // per pool thread; guarded by the poo
 
 void attention_run(const AttnArgs& a) {
   auto attend = for_isa(attend_avx512, attend_avx2, attend_generic);
-  std::vector<Item> rows;
-  int64_t longest = 0, work = 0;
+  // Each sequence's kv heads in turn, its rows in blocks under each: a thread's consecutive items
+  // read the same keys and values.
+  std::vector<Item> items;
+  int64_t scratch_floats = 0, work = 0;
+  const int64_t group = a.heads / a.kv_heads;
   for (int64_t i = 0; i < a.num_sequences; ++i) {
     const AttnSequence& s = a.sequences[i];
-    for (int64_t r = s.first_row; r < s.first_row + s.rows; ++r) {
-      const int64_t n = s.position + (r - s.first_row) + 1;
-      longest = std::max(longest, n);
-      work += n * a.heads * a.dim * 2;
-      rows.push_back({&s, r});
+    for (int64_t r = 0; r < s.rows; ++r) work += (s.position + r + 1) * a.heads * a.dim * 2;
+    for (int64_t g = 0; g < a.kv_heads; ++g) {
+      for (int64_t r = 0; r < s.rows; r += kAttnRowBlock) {
+        const int64_t rows = std::min(kAttnRowBlock, s.rows - r);
+        const int64_t last = s.position + r + rows;  // positions the block's last row attends
+        scratch_floats = std::max(scratch_floats, rows * group * ((last + 15) / 16 * 16));
+        items.push_back({&s, s.first_row + r, rows, g});
+      }
     }
   }
-  const int64_t group = a.heads / a.kv_heads, stride = (longest + 15) / 16 * 16;
-  const int64_t items = int64_t(rows.size()) * a.kv_heads;
+  const int64_t count = int64_t(items.size());
   int64_t chunks = 1;
   auto plan = [&](int threads) {
-    if (work >= kMinParallelWork) chunks = std::min<int64_t>(items, int64_t(4) * threads);
+    if (work >= kMinParallelWork) chunks = std::min<int64_t>(count, int64_t(4) * threads);
     if (int(scratch.size()) < threads) scratch.resize(threads);
     for (auto& s : scratch) {
-      if (int64_t(s.size()) < group * stride) s.resize(group * stride);
+      if (int64_t(s.size()) < scratch_floats) s.resize(scratch_floats);
     }
-    return items == 0 ? 0 : chunks;
+    return count == 0 ? 0 : chunks;
   };
   auto task = [&](int64_t chunk, int thread) {
-    const int64_t i0 = items * chunk / chunks, i1 = items * (chunk + 1) / chunks;
+    const int64_t i0 = count * chunk / chunks, i1 = count * (chunk + 1) / chunks;
     for (int64_t i = i0; i < i1; ++i) {
-      const Item& item = rows[i / a.kv_heads];
-      const int64_t g = i % a.kv_heads;
-      attend(a, *item.sequence, item.row, g, scratch[thread].data());
+      const Item& item = items[i];
+      attend(a, *item.sequence, item.first, item.rows, item.g, scratch[thread].data());
     }
   };
   pool_run(plan, task);

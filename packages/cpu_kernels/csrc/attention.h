@@ -32,13 +32,19 @@ struct AttnArgs {
   float scale;
 };
 
-// Row r of sequence s and kv head g (its query heads); scratch holds
-// (Hq / Hkv) * round_up(positions + 1, 16) floats for the longest row.
-void attend_avx512(const AttnArgs& a, const AttnSequence& s, int64_t r, int64_t g,
+// Rows of one sequence attended together for one kv head (a prefill chunk, a speculative round):
+// they share each key and value load, so a long context leaves memory once per block of rows.
+constexpr int64_t kAttnRowBlock = 8;
+
+// Rows r0 .. r0 + rows - 1 (at most kAttnRowBlock) of sequence s and kv head g (their query
+// heads); scratch holds rows * (Hq / Hkv) * round_up(positions the last row attends, 16) floats.
+// Where the instruction set's kernel attends the block's heads together (attention_isa.cpp),
+// each key and value is loaded once for all of them; every row's output is what it is alone.
+void attend_avx512(const AttnArgs& a, const AttnSequence& s, int64_t r0, int64_t rows, int64_t g,
                    float* scratch);
-void attend_avx2(const AttnArgs& a, const AttnSequence& s, int64_t r, int64_t g,
+void attend_avx2(const AttnArgs& a, const AttnSequence& s, int64_t r0, int64_t rows, int64_t g,
                  float* scratch);
-void attend_generic(const AttnArgs& a, const AttnSequence& s, int64_t r, int64_t g,
+void attend_generic(const AttnArgs& a, const AttnSequence& s, int64_t r0, int64_t rows, int64_t g,
                     float* scratch);
 
 // Every row and head, on the thread pool with the selected instruction set.
