@@ -9,9 +9,10 @@ Multi-row step (`--step-rows 4 5 8 9 16`): the native decode step with that many
 and v in one call, gate and up in one), each row count's time as a ratio to the first count's, the
 lm_head's share, and the same products one call each as a ratio to that; `--head-bits 8` as the
 embedded GGUF ships its tied head.
-Decode attention (`--attention-context 256 1024 4096`): one decode row of each of 1 and 8 sequences
-against that many positions, 30 layers with their own float32 KV (so it streams from memory as in
-the model), one eval a step: the native kernel vs MLX's `scaled_dot_product_attention` per
+Attention (`--attention-context 256 1024 4096`): one decode row of each of 1 and 8 sequences, and
+8 rows of one sequence (a speculative round, a block of a prefill chunk), against that many
+positions, 30 layers with their own float32 KV (so it streams from memory as in the model), one
+eval a step: the native kernel vs MLX's `scaled_dot_product_attention` per
 sequence (as mlx-lm runs it), and the KV bytes read per second.
 Run: `uv run python -m tools.bench_kernel [--threads 1 2] [--bits 4] [--step-rows 4 5 8 9 16 --head-bits 8]
 [--attention-context 256 1024 4096]`.
@@ -164,36 +165,41 @@ ATTENTION = (9, 3, 64, 30)
 
 
 def bench_attention(contexts: list[int], repeats: int) -> None:
-    """Native decode attention vs MLX's, 1 and 8 sequences, a step's 30 layers per eval."""
+    """Native attention vs MLX's, a step's 30 layers per eval: one decode row of each of 1 and 8
+    sequences, and 8 rows of one sequence (a speculative round, a block of a prefill chunk)."""
     heads, kv_heads, dim, layers = ATTENTION
-    for sequences in (1, 8):
+    for sequences, rows in ((1, 1), (8, 1), (1, 8)):
         for context in contexts:
             capacity = (context + 256) // 256 * 256  # the cache grows in 256-position steps
             kv = [[(mx.random.normal((1, kv_heads, capacity, dim)), mx.random.normal((1, kv_heads, capacity, dim)))
                    for _ in range(sequences)] for _ in range(layers)]
-            q = mx.random.normal((sequences, heads, dim))
-            k, v = mx.random.normal((sequences, kv_heads, dim)), mx.random.normal((sequences, kv_heads, dim))
-            positions = mx.array([context - 1] * sequences, dtype=mx.int32)
+            q = mx.random.normal((sequences * rows, heads, dim))
+            k = mx.random.normal((sequences * rows, kv_heads, dim))
+            v = mx.random.normal((sequences * rows, kv_heads, dim))
+            positions = mx.array([context - rows] * sequences, dtype=mx.int32)
             mx.eval(kv, q, k, v)
 
             def native() -> list[mx.array]:
                 outs = []
                 for layer in kv:
                     out, *written = ops.attend(q, k, v, positions, [b for pair in layer for b in pair],
-                                               [1] * sequences, dim**-0.5)
+                                               [rows] * sequences, dim**-0.5)
                     layer[:] = [(written[i], written[i + 1]) for i in range(0, len(written), 2)]
                     outs.append(out)
                 return outs
 
             def reference() -> list[mx.array]:
-                return [mx.fast.scaled_dot_product_attention(q[i, None, :, None], pair[0][..., :context, :],
-                                                             pair[1][..., :context, :], scale=dim**-0.5)
+                queries = [q[i * rows:(i + 1) * rows].transpose(1, 0, 2)[None] for i in range(sequences)]
+                return [mx.fast.scaled_dot_product_attention(queries[i], pair[0][..., :context, :],
+                                                             pair[1][..., :context, :], scale=dim**-0.5,
+                                                             mask="causal" if rows > 1 else None)
                         for layer in kv for i, pair in enumerate(layer)]
 
             ref = median_s(reference, repeats)
             took = median_s(native, repeats)
             read = layers * sequences * 2 * kv_heads * context * dim * 4
-            print(f"  attention {sequences} x {context:5d} positions: native {took * 1e3:7.2f} ms "
+            shape = f"{sequences} x {context:5d}" if rows == 1 else f"{rows} rows of 1 x {context:5d}"
+            print(f"  attention {shape} positions: native {took * 1e3:7.2f} ms "
                   f"({read / took / 1e9:5.1f} GB/s of KV)  mlx {ref * 1e3:7.2f} ms  x{ref / took:5.1f}")
 
 
@@ -208,7 +214,7 @@ def main() -> None:
     parser.add_argument("--step-rows", type=int, nargs="+", default=None,
                         help="only the native decode step at these row counts, as ratios to the first")
     parser.add_argument("--attention-context", type=int, nargs="+", default=None,
-                        help="only decode attention, against these numbers of positions")
+                        help="only attention, against these numbers of positions")
     args = parser.parse_args()
     head_bits = args.bits if args.head_bits is None else args.head_bits
     print(f"isa {ops.isa()}, bits {args.bits}, head bits {head_bits}, group size {args.group_size}, "
