@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 from dataclasses import replace
@@ -544,41 +543,6 @@ def test_a_new_prompt_is_estimated_from_the_latest_joined_prompts_step() -> None
     scheduler.add(second)
     scheduler.step()
     assert second.prefill_left == 0 and not second.prefilling
-
-
-def test_the_joined_last_chunk_of_a_prompt_fed_in_turns_does_not_set_a_new_prompts_estimate(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A long prompt's last chunk rides in a decode step made slow here (2 s, as a deep context
-    makes its tokens dear): that step is not what a new prompt's tokens cost. The next short
-    prompt is estimated from the long one's first chunk (milliseconds) and prefills whole under a
-    0.3 s bound, not cut to the fewest timed tokens."""
-    binding = tiny("llama", False)
-    assert binding.verifies_positions()
-    decode_batch = binding.decode_batch
-
-    def slow_when_a_prompt_rides(tokens: mx.array, *args: Any, **kwargs: Any) -> mx.array:
-        if tokens.size > 1:
-            time.sleep(2.0)
-        return decode_batch(tokens, *args, **kwargs)
-
-    monkeypatch.setattr(binding, "decode_batch", slow_when_a_prompt_rides)
-    params = GenerationParams(max_tokens=2, prefill_chunk=64, ignore_eos=True)
-    long, short = Generation(binding, make_prompt(200, seed=11), params), Generation(binding, make_prompt(36, seed=12), params)
-    scheduler = BatchScheduler(binding, max_batch=2, prefill_budget=64, prefill_step_s=0.3)
-    scheduler.add(long)
-    while long.prefill_left > 64:
-        scheduler.step()  # turns of 64 tokens (the budget) from the first chunk's speed
-    scheduler.step()
-    assert not long.prefilling  # its last chunk joined the decode step
-    while scheduler.running:
-        scheduler.step()
-    scheduler.add(short)
-    scheduler.step()
-    assert short.prefill_left == 0
-    while scheduler.running:
-        scheduler.step()
-    assert short.result is not None
-    assert short.result.token_ids == Generation(binding, make_prompt(36, seed=12), params).run().token_ids
 
 
 def test_a_batched_step_keeps_its_drafts_within_the_rows_probed_for_it() -> None:

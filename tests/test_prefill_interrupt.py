@@ -116,6 +116,30 @@ def test_an_arrival_stops_the_long_chunk_and_takes_its_first_token_before_the_ch
         Generation(binding, prompt, params).run().token_ids for prompt in (long_prompt, short_prompt))
 
 
+def test_a_long_prompts_last_chunk_is_a_turn_an_arrival_can_stop_not_a_decode_step() -> None:
+    """A prompt fed in turns does not ride its last chunk in the decode step (`Generation.join`),
+    where nothing could stop it: a request arriving during it stops it between layers, and gets
+    its first token before the chunk goes on."""
+    params = GenerationParams(max_tokens=3, prefill_chunk=64, ignore_eos=True)
+    long_prompt, short_prompt = make_prompt(100, seed=6), make_prompt(3, seed=7)
+    binding, long, scheduler = one_prompt(long_prompt, params)
+    scheduler.step(Newcomer())
+    assert long.prefill_left == 99 - 64  # the rest would fit a decode step's rows
+    assert scheduler.step(Newcomer(2, at=1)) == []  # arrives during the last chunk's first layer
+    assert long.prefill_left == 0 and long.unevaluated == 99 - 64 and long.prefilling
+
+    short = Generation(binding, short_prompt, params)
+    scheduler.add(short)
+    outcomes = {id(o.generation): o for o in scheduler.step(Newcomer())}
+    assert [d.step.step for d in outcomes[id(short)].deltas if d.step is not None] == [0]
+    assert long.unevaluated == 99 - 64
+    while scheduler.running:
+        scheduler.step(Newcomer())
+    assert long.result is not None and short.result is not None
+    assert (long.result.token_ids, short.result.token_ids) == tuple(
+        Generation(binding, prompt, params).run().token_ids for prompt in (long_prompt, short_prompt))
+
+
 def test_a_prompt_whose_last_chunk_was_stopped_finishes_it_before_its_first_decode() -> None:
     params = GenerationParams(max_tokens=3, prefill_chunk=128, ignore_eos=True)
     prompt = make_prompt(STEP_MAX_ROWS + 30, seed=5)  # too long to ride in a decode step (`Generation.join`)
