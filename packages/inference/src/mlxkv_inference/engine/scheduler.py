@@ -5,6 +5,7 @@
                     a prompt passed over in MAX_PASSED_OVER steps in a row goes first;
                     a prompt whose rest the step takes whole rides in the decode forward instead
                     (`Generation.join`, up to STEP_MAX_ROWS rows a step): no forward of its own
+                    (not one fed in turns before: its last chunk stays a turn an arrival stops)
            decode   one token for every generation past its prefill, as one batched step:
                     stacked rows through every linear, attention per row against its own caches;
                     a generation speculating this step brings its drafts as more rows (its own
