@@ -1,7 +1,11 @@
 """Continuous batching: aggregate decode tok/s and TTFT p50/p99 with 1, 2, 4 and 8 concurrent
 streaming clients, in one run, on `mlxkv serve --max-batch 8`, on `--max-batch 1`, and on
 mlx_lm.server (mlx-lm's own batching) over the same weights: the embedded model written out as an
-mlx-lm directory (`tools.mlx_lm_reference`). No prompt cache on any server, greedy (or
+mlx-lm directory (`tools.mlx_lm_reference`). The servers run side by side and take turns: each
+concurrency runs `--rounds` times on every server in turn, so a slower or faster minute of a shared
+machine (a lone stream here varies 1.5x between minutes) falls on all of them alike; a column's
+tok/s is the median of its rounds, its TTFT p50/p99 over all of them, and "8 vs 1" is the median
+of the rounds' own ratios. No prompt cache on any server, greedy (or
 `--temperature T [--top-p P]`: sampled requests, the same fields on every server), distinct
 prompts; the mlxkv servers run the CLI's default CPU kernels (native where built). Every stream's
 EOS is barred (`logit_bias`, on every server), so each runs its max tokens and N streams stay N
@@ -12,7 +16,7 @@ Then TTFT under a long prefill, on the `--max-batch 8` server: a short request's
 server against the p99 TTFT of short requests arriving while a 2,000-token prompt prefills, and
 that long prompt's time to first token against one's on the idle server (the faster of two; what the
 shorts cost it).
-Run: `uv run python -m tools.bench_serve [--max-tokens N] [--streams 1,2,4,8] [--long-prompt 2000]`;
+Run: `uv run python -m tools.bench_serve [--max-tokens N] [--streams 1,2,4,8] [--rounds 3] [--long-prompt 2000]`;
 `--long-only` runs only the long-prefill measurement.
 
 `--overhead`: HTTP overhead instead: time to first token and decode tokens/s over `mlxkv serve`
@@ -22,6 +26,7 @@ vs in-process, on the same greedy prompts; then 4 concurrent streaming clients.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -136,14 +141,29 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(fraction * len(ordered)) - 1)]
 
 
-def server_rows(url: str, streams: Sequence[int], max_tokens: int,
-                fields: dict[str, Any] | None = None) -> dict[int, Row]:
-    http_run(url, "Hi", 2)  # warm-up: compiled step, first-use allocations
-    rows: dict[int, Row] = {}
+def interleaved_runs(urls: dict[str, str], streams: Sequence[int], max_tokens: int, rounds: int,
+                     fields: dict[str, Any] | None = None) -> dict[str, dict[int, tuple[list[float], list[float]]]]:
+    """Per server, per concurrency: (aggregate tok/s of each round, every round's TTFTs); each
+    round runs the concurrency on every server in turn."""
+    for url in urls.values():
+        http_run(url, "Hi", 2)  # warm-up: compiled step, first-use allocations
+    runs: dict[str, dict[int, tuple[list[float], list[float]]]] = {name: {n: ([], []) for n in streams} for name in urls}
     for n in streams:
-        tps, ttfts = concurrent_runs(url, n, max_tokens, fields)
-        rows[n] = (tps, statistics.median(ttfts), percentile(ttfts, 0.99))
-    return rows
+        for _ in range(rounds):
+            for name, url in urls.items():
+                tps, ttfts = concurrent_runs(url, n, max_tokens, fields)
+                runs[name][n][0].append(tps)
+                runs[name][n][1].extend(ttfts)
+    return runs
+
+
+def row(tps: list[float], ttfts: list[float]) -> Row:
+    return statistics.median(tps), statistics.median(ttfts), percentile(ttfts, 0.99)
+
+
+def paired_ratio(mine: list[float], theirs: list[float]) -> float:
+    """The median of the rounds' ratios (each round's runs minutes apart at most)."""
+    return statistics.median(a / b for a, b in zip(mine, theirs, strict=True))
 
 
 @contextmanager
@@ -157,42 +177,50 @@ def mlxkv_server(max_batch: int, *extra: str) -> Iterator[ServerProcess]:
         server.stop()
 
 
+@contextmanager
+def mlx_lm_server() -> Iterator[MlxLmServer]:
+    """mlx_lm.server on the embedded model written out as an mlx-lm directory."""
+    with tempfile.TemporaryDirectory(prefix="mlxkv-bench-mlx-lm-") as scratch:
+        server = MlxLmServer(write_mlx_lm_directory(Path(scratch) / "SmolLM2-135M-Instruct-Q4_1"))
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
 def batching(args: argparse.Namespace) -> None:
     max_tokens, streams, long_prompt = args.max_tokens, [int(n) for n in args.streams.split(",")], args.long_prompt
     extra = server_options(args)
     if args.long_only:
         long_prefill_only(long_prompt, args.long_rounds, extra)
         return
-    columns: dict[str, dict[int, Row]] = {}
     bias = None if args.stop_at_eos else no_eos()
     fields: dict[str, Any] = {"temperature": args.temperature, **({"top_p": args.top_p} if args.top_p < 1 else {}),
                               **({"logit_bias": bias} if bias else {})}
-    with mlxkv_server(1, *extra) as server:
-        columns["--max-batch 1"] = server_rows(server.url, streams, max_tokens, fields)
-    with mlxkv_server(8, *extra) as server:
-        health = httpx.get(server.url + "/health", timeout=30).json()
-        columns["--max-batch 8"] = server_rows(server.url, streams, max_tokens, fields)
-        prefill = long_prefill(server.url, long_prompt, args.long_rounds) if long_prompt else None
-    if args.reference:
-        with tempfile.TemporaryDirectory(prefix="mlxkv-bench-mlx-lm-") as scratch:
-            reference_server = MlxLmServer(write_mlx_lm_directory(Path(scratch) / "SmolLM2-135M-Instruct-Q4_1"))
-            try:
-                columns["mlx_lm.server"] = server_rows(reference_server.url, streams, max_tokens, fields)
-            finally:
-                reference_server.stop()
+    with contextlib.ExitStack() as stack:
+        urls = {"--max-batch 1": stack.enter_context(mlxkv_server(1, *extra)).url,
+                "--max-batch 8": stack.enter_context(mlxkv_server(8, *extra)).url}
+        if args.reference:
+            urls["mlx_lm.server"] = stack.enter_context(mlx_lm_server()).url
+        health = httpx.get(urls["--max-batch 8"] + "/health", timeout=30).json()
+        runs = interleaved_runs(urls, streams, max_tokens, args.rounds, fields)
+        prefill = long_prefill(urls["--max-batch 8"], long_prompt, args.long_rounds) if long_prompt else None
     ending = "answers end at EOS" if bias is None else "EOS barred"
     sampling = "greedy" if not args.temperature else f"temperature {args.temperature}" + (
         f", top_p {args.top_p}" if args.top_p < 1 else "")
-    print(f"{sampling}, {max_tokens} tokens a stream ({ending}), no prompt cache; mlxkv cpu kernels {health['cpu_kernels']}, "
-          f"BLAS {health['blas']}; aggregate decode tok/s and TTFT p50/p99 (s)")
-    print("  " + f"{'streams':>7} | " + " | ".join(f"{name:^29}" for name in columns)
-          + " | 8 vs 1" + (" | mlxkv/mlx_lm: tok/s, TTFT p50" if args.reference else ""))
+    print(f"{sampling}, {max_tokens} tokens a stream ({ending}), no prompt cache, {args.rounds} rounds taking turns; "
+          f"mlxkv cpu kernels {health['cpu_kernels']}, BLAS {health['blas']}; aggregate decode tok/s and TTFT p50/p99 (s)")
+    print("  " + f"{'streams':>7} | " + " | ".join(f"{name:^29}" for name in urls)
+          + " | 8 vs 1 (rounds)" + (" | mlxkv/mlx_lm: tok/s, TTFT p50" if args.reference else ""))
     for n in streams:
-        cells = " | ".join(f"{tps:8.2f} t/s {p50:7.2f} {p99:7.2f}  " for tps, p50, p99 in (c[n] for c in columns.values()))
-        line = f"  {n:7d} | {cells} | {columns['--max-batch 8'][n][0] / columns['--max-batch 1'][n][0]:5.2f}x"
+        rows = {name: row(*runs[name][n]) for name in urls}
+        cells = " | ".join(f"{tps:8.2f} t/s {p50:7.2f} {p99:7.2f}  " for tps, p50, p99 in rows.values())
+        batched, alone = runs["--max-batch 8"][n][0], runs["--max-batch 1"][n][0]
+        each = ", ".join(f"{a / b:.2f}" for a, b in zip(batched, alone))
+        line = f"  {n:7d} | {cells} | {paired_ratio(batched, alone):5.2f}x ({each})"
         if args.reference:
-            mine, theirs = columns["--max-batch 8"][n], columns["mlx_lm.server"][n]
-            line += f" | {mine[0] / theirs[0]:5.2f}x  {mine[1] / theirs[1]:5.2f}x"
+            line += (f" | {paired_ratio(batched, runs['mlx_lm.server'][n][0]):5.2f}x"
+                     f"  {rows['--max-batch 8'][1] / rows['mlx_lm.server'][1]:5.2f}x")
         print(line)
     if prefill is not None:
         print_long_prefill(long_prompt, *prefill)
@@ -304,6 +332,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--streams", default=",".join(map(str, STREAMS)), help="concurrencies, comma-separated (default: 1,2,4,8)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of each concurrency, the servers taking turns (default: 3)")
     parser.add_argument("--stop-at-eos", action="store_true",
                         help="let answers end at EOS (default: bar it, so every stream runs --max-tokens)")
     parser.add_argument("--temperature", type=float, default=0.0,
