@@ -353,6 +353,8 @@ def main() -> None:
                         help="only the TTFT-under-long-prefill measurement (no streams table, one server)")
     parser.add_argument("--overhead", action="store_true", help="measure HTTP overhead instead of batching")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, not {args.rounds}")
     if not args.overhead:
         batching(args)
         return
