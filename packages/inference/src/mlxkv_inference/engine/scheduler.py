@@ -263,7 +263,8 @@ class BatchScheduler:
                     # prompt cut 19 + 15 got it ~40 ms later). The deep tail of a long prompt is.
                     # Within two step times, not one and a half: a 35-token prompt arriving
                     # during a long prefill measured ~150 ms under `mlxkv serve`'s load here, so
-                    # at 1.5 one in five was cut, ~0.1 s more to its first token (the p99).
+                    # at 1.5 one in five was cut, ~0.1 s more to its first token (the p99; in that
+                    # run a long prompt's last chunk, joined then, also set the estimate: `_joins`).
                     left = generation.prefill_left
                     whole = left <= generation.prefill_chunk and left * seconds <= WHOLE_STEPS * self.prefill_step_s
                     least = left if whole else MIN_TIMED_CHUNK
