@@ -85,13 +85,14 @@ def test_strided_views_are_gathered_like_their_copies(view: str) -> None:
     assert np.array_equal(as_numpy(got), as_numpy(want))
 
 
-@pytest.mark.parametrize("m", [2, 3, 7, 8, 64, 512])
-def test_a_row_is_bitwise_identical_alone_and_in_any_batch(m: int) -> None:
-    w, scales, biases = quantized(200, 576, 32, 4, mx.float16, seed=5)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("m", [2, 3, 7, 8, 9, 10, 11, 64, 512])  # 9 and 10: one AVX2 sub-tile; 11: two
+def test_a_row_is_bitwise_identical_alone_and_in_any_batch(m: int, bits: int) -> None:
+    w, scales, biases = quantized(200, 576, 32, bits, mx.float16, seed=5)
     batch = rows(m, 576, seed=6)
-    together = as_numpy(ops.quantized_matmul(batch, w, scales, biases, 32, 4))
+    together = as_numpy(ops.quantized_matmul(batch, w, scales, biases, 32, bits))
     for i in sorted({0, m // 2, m - 1}):
-        alone = as_numpy(ops.quantized_matmul(batch[i : i + 1], w, scales, biases, 32, 4))
+        alone = as_numpy(ops.quantized_matmul(batch[i : i + 1], w, scales, biases, 32, bits))
         assert np.array_equal(alone[0], together[i]), f"row {i} of {m}"
 
 

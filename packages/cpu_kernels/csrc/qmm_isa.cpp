@@ -484,7 +484,7 @@ void row_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t ahead) {
 }
 
 // Up to kFewRows rows in one pass over the weights: for each tile of kTileCols columns, every row
-// sub-tile (at most kSubRows rows) in turn, while the tile's codes and the sub-tile's x are still
+// sub-tile (at most sub_rows rows) in turn, while the tile's codes and the sub-tile's x are still
 // in L1; the first sub-tile prefetches the next tile. Sub-tiles of 5..8 rows take 2 columns at a
 // time (4-bit on AVX-512: 3 at 5 or 6 rows), up to 4 rows take 4 (R x C accumulators in
 // registers); each block's dequantization serves R rows either way.
@@ -526,6 +526,10 @@ void sub_tile(const QmmArgs& a, int64_t m, int64_t n, int64_t cols, bool first) 
 
 void sub_tile_rows(const QmmArgs& a, int64_t m, int64_t rows, int64_t n, int64_t cols, bool first) {
   switch (rows) {
+#if QMM_ISA == 2
+    case 10: sub_tile<10>(a, m, n, cols, first); break;
+    case 9: sub_tile<9>(a, m, n, cols, first); break;
+#endif
     case 8: sub_tile<8>(a, m, n, cols, first); break;
     case 7: sub_tile<7>(a, m, n, cols, first); break;
     case 6: sub_tile<6>(a, m, n, cols, first); break;
@@ -537,15 +541,21 @@ void sub_tile_rows(const QmmArgs& a, int64_t m, int64_t rows, int64_t n, int64_t
   }
 }
 
-// Rows of a sub-tile: kSubRows, except on AVX2 over a long K, where 8 rows of x (48 KB at K =
+// Rows of a sub-tile: kSubRows, except on AVX2. There, over a long K, 8 rows of x (48 KB at K =
 // 1536) outgrow L1 and every column pass would read x again from L2: 4 rows (standalone, an
 // 8-row 576 x 1536 product ~1.9x faster as two 4-row sub-tiles; at K = 576 one 8-row sub-tile
-// stays faster).
+// stays faster). Over a short K up to 10 rows, one register per accumulator still (C = 1): a
+// speculative round of 8 drafts feeds 9 rows, which as sub-tiles of 5 and 4 dequantized every
+// block twice (`tools.bench_kernel --step-rows 8 9 10 --head-bits 8`, 2 threads: 9 rows 26.2-28.7
+// -> 23.9-24.1 ms, 1.16x 8 rows; 10 rows 29.2-30.4 -> 27.6-27.9; 11 and 12 rows in one sub-tile
+// measured no faster than two).
 inline int64_t sub_rows([[maybe_unused]] const QmmArgs& a) {
 #if QMM_ISA == 2
-  if (a.K > 1024) return 4;
-#endif
+  constexpr int64_t kAvx2ShortKRows = 10;
+  return a.K > 1024 ? 4 : kAvx2ShortKRows;
+#else
   return kSubRows;
+#endif
 }
 
 // Rows [m0, m1), at most kFewRows of them, split into near-equal sub-tiles of at most sub_rows.
