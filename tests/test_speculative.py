@@ -293,6 +293,16 @@ def test_prompt_lookup_drafts_what_followed_the_longest_latest_match() -> None:
     assert lookup.propose([5, 6, 7, 5], 4) == [6, 7, 5]
 
 
+def test_prompt_lookup_copies_from_the_occurrence_aligned_furthest_back() -> None:
+    lookup = PromptLookup(ngram_min=1, ngram_max=2)
+    # "2 3" occurs twice; before the earlier one, as before the history's end, come 8 1
+    history = [8, 1, 2, 3, 4, 9, 6, 1, 2, 3, 5, 7, 8, 1, 2, 3]
+    assert lookup.propose(history, 2) == [4, 9]  # the latest occurrence would draft 5 7
+    # only the latest CANDIDATES occurrences are weighed: push the aligned one out
+    crowded = [8, 1, 2, 3, 4] + [6, 2, 3, 5] * PromptLookup.CANDIDATES + [8, 1, 2, 3]
+    assert PromptLookup(ngram_min=1, ngram_max=2).propose(crowded, 2) == [5, 8]  # the latest
+
+
 def test_prompt_lookup_follows_a_growing_history_and_starts_over_on_another() -> None:
     lookup = PromptLookup(ngram_min=2, ngram_max=2)
     history = [4, 5, 6, 4]

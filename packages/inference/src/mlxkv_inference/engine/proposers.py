@@ -30,20 +30,30 @@ class Proposer(Protocol):
 
 class PromptLookup:
     """Prompt-lookup drafts: the longest suffix n-gram of the history (n from `ngram_max` down to
-    `ngram_min`) that occurred before, and the tokens that followed its latest occurrence.
+    `ngram_min`) that occurred before, and the tokens that followed its best-aligned occurrence:
+    of its latest `CANDIDATES`, the one whose preceding tokens go on matching the history's
+    furthest back (up to `ALIGN_MAX` tokens; ties to the latest). A file quoted in the prompt
+    repeats short n-grams (`self.`, `    def `); the latest of them is often another method's,
+    where the copy being written sits in an earlier one (replayed on the speculative bench's
+    plain answers: drafts accepted 92% -> 96% on the edit request whose answer repeats itself,
+    67% -> 69% on the one that paraphrases the file; the same or better on nine other answers).
 
-    The index grows with the history (a few dict writes a token), so a lookup costs O(ngram_max).
+    The index grows with the history (a few dict writes a token), so a lookup costs
+    O(ngram_max + CANDIDATES * ALIGN_MAX).
     """
+
+    CANDIDATES = 8
+    ALIGN_MAX = 64
 
     def __init__(self, ngram_min: int, ngram_max: int) -> None:  # defaults: SpeculativeParams'
         self._sizes = range(ngram_max, ngram_min - 1, -1)
         self._tokens: list[int] = []
-        # n -> n-gram -> start of its latest occurrence that has a token after it
-        self._latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self._sizes}
+        # n -> n-gram -> starts of its latest occurrences that have a token after them, oldest first
+        self._starts: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in self._sizes}
 
     def _reset(self) -> None:
         self._tokens = []
-        self._latest = {n: {} for n in self._sizes}
+        self._starts = {n: {} for n in self._sizes}
 
     def propose(self, history: Sequence[int], limit: int) -> list[int]:
         self._sync(history)
@@ -51,10 +61,19 @@ class PromptLookup:
         for n in self._sizes:
             if end < n:
                 continue
-            start = self._latest[n].get(tuple(tokens[end - n :]))
-            if start is not None:
+            starts = self._starts[n].get(tuple(tokens[end - n :]))
+            if starts:
+                start = max(reversed(starts), key=lambda s: self._aligned(s, end - n))
                 return tokens[start + n : start + n + limit]
         return []
+
+    def _aligned(self, start: int, at: int) -> int:
+        """How many tokens before `start` equal those before `at` (up to ALIGN_MAX)."""
+        tokens, most = self._tokens, min(start, self.ALIGN_MAX)
+        matched = 0
+        while matched < most and tokens[start - 1 - matched] == tokens[at - 1 - matched]:
+            matched += 1
+        return matched
 
     def _sync(self, history: Sequence[int]) -> None:
         held = len(self._tokens)  # a generation's history only grows; anything else starts over
@@ -66,7 +85,10 @@ class PromptLookup:
             for n in self._sizes:  # the n-grams ending just before `token` now have a follower
                 start = end - 1 - n
                 if start >= 0:
-                    self._latest[n][tuple(self._tokens[start : end - 1])] = start
+                    starts = self._starts[n].setdefault(tuple(self._tokens[start : end - 1]), [])
+                    starts.append(start)
+                    if len(starts) > self.CANDIDATES:
+                        del starts[0]
 
 
 @dataclass(frozen=True, slots=True)
