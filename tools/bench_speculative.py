@@ -9,7 +9,10 @@ edit workload and a chat workload (targets: >= 2x on edits with prompt lookup, >
 The draft model is the embedded model's own first `--draft-layers` layers (self-speculation, as in
 LayerSkip: no smaller model with SmolLM2's tokenizer ships here). Every mode must produce the very
 tokens of the plain run (checked: a mismatch exits 1). Decode tok/s is the generation's own (first
-token to last); each (workload, mode) runs `--repeats` times, alternating, and medians are compared.
+token to last). Each repeat runs every request once in every mode, back to back; a mode's speed-up
+is the median over repeats of its workload tok/s (tokens over decode seconds, all the workload's
+requests) against the plain run's in the same repeat, so the pairs see the same load (this shared
+machine's speed drifts 1.5x between minutes); per request, the median of its paired ratios.
 Then prompt lookup is replayed on the plain runs' tokens for each `--replay-ngram` (rounds needed
 and a speed-up modelled from the measured step costs: no timing noise, for comparing proposers).
 Run: `uv run python -m tools.bench_speculative` (add `--cpu-kernels mlx` for MLX's own kernels,
@@ -107,7 +110,8 @@ CHAT_REQUESTS = [
 def main() -> int:
     parser = argparse.ArgumentParser(description="decode tok/s with and without speculative decoding (edit and chat workloads)")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens to generate per answer (default: 256)")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each (workload, mode); medians are compared (default: 2)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs of every request in every mode, back to back; speed-ups are medians of each repeat's (default: 3)")
     parser.add_argument("--num-draft-tokens", type=int, default=8, help="the most drafts a step verifies (default: 8)")
     parser.add_argument("--replay-ngram", type=int, nargs="*", default=[3, 8], metavar="N",
                         help="also replay prompt lookup with n-grams up to N on the plain runs' tokens, without timing "
@@ -117,6 +121,8 @@ def main() -> int:
                         help="sample at this temperature, seeded (default: 0, greedy); the tokens must still match")
     parser.add_argument("--cpu-kernels", choices=("native", "mlx"), default="native", help="matmul kernels (default: native)")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     binding = load_binding(cpu_kernels=args.cpu_kernels)
     sampling = SamplingParams(temperature=args.temperature, seed=SEED if args.temperature else None)
     draft = layer_skip_draft(binding, args.draft_layers)
@@ -137,12 +143,15 @@ def main() -> int:
     for workload, requests in workloads.items():
         prompts = [encode_chat(binding.tokenizer, [{"role": "user", "content": r}]).tokens for r in requests]
         print(f"\n{workload}: prompts of {', '.join(str(len(p)) for p in prompts)} tokens")
-        tps: dict[str, list[float]] = {mode: [] for mode in modes}
+        tps: dict[str, list[float]] = {mode: [] for mode in modes}  # each run's, repeat by repeat, request by request
+        workload_tps: dict[str, list[float]] = {mode: [] for mode in modes}  # each repeat's
         drafted: dict[str, int] = {mode: 0 for mode in modes}
         accepted: dict[str, int] = {mode: 0 for mode in modes}
         tokens: dict[str, int] = {mode: 0 for mode in modes}
         answers: list[tuple[int, ...]] = []
         for _ in range(args.repeats):
+            decoded = {mode: 0 for mode in modes}
+            seconds = {mode: 0.0 for mode in modes}
             for prompt in prompts:
                 reference: tuple[int, ...] | None = None
                 for mode, spec in modes.items():
@@ -155,17 +164,21 @@ def main() -> int:
                         print(f"  MISMATCH: {mode} produced other tokens than the plain run", file=sys.stderr)
                         exact = False
                     tps[mode].append(result.decode_tps)
+                    if result.decode_tps > 0:  # decode_tps: the tokens after the first over their seconds
+                        decoded[mode] += result.generated_tokens - 1
+                        seconds[mode] += (result.generated_tokens - 1) / result.decode_tps
                     drafted[mode] += result.draft_tokens
                     accepted[mode] += result.accepted_tokens
                     tokens[mode] += result.generated_tokens
-        base = statistics.median(tps["off"])
+            for mode in modes:
+                workload_tps[mode].append(decoded[mode] / seconds[mode] if seconds[mode] else 0.0)
         for mode in modes:
             rate = f"{accepted[mode] / drafted[mode]:.0%} of {drafted[mode]} drafts" if drafted[mode] else "no drafts"
-            median = statistics.median(tps[mode])
-            # each request's own ratio: the workload median mixes requests whose gains differ
-            own = [statistics.median(tps[mode][i :: len(prompts)]) / statistics.median(tps["off"][i :: len(prompts)])
+            paired = [x / off for x, off in zip(workload_tps[mode], workload_tps["off"])]
+            own = [statistics.median(x / off for x, off in zip(tps[mode][i :: len(prompts)], tps["off"][i :: len(prompts)]))
                    for i in range(len(prompts))]
-            print(f"  {mode:>20}: {median:6.2f} tok/s  {median / base:5.2f}x  (per request {', '.join(f'{r:.2f}x' for r in own)}; "
+            print(f"  {mode:>20}: {statistics.median(workload_tps[mode]):6.2f} tok/s  {statistics.median(paired):5.2f}x  "
+                  f"(repeats {', '.join(f'{r:.2f}x' for r in paired)}; per request {', '.join(f'{r:.2f}x' for r in own)}; "
                   f"accepted {rate}; {tokens[mode]} tokens; runs {[round(x, 1) for x in tps[mode]]})")
         for n in args.replay_ngram:
             replays = [replay(prompt, list(answer), n, args.num_draft_tokens, binding.step_costs)
