@@ -15,7 +15,7 @@ from mlxkv_inference.engine.generate import GenerationResult
 from mlxkv_inference.engine.proposers import PromptLookup
 from mlxkv_inference.engine.scheduler import BatchScheduler
 from mlxkv_inference.engine.speculation import SpeculativeMode, SpeculativeParams, StepCosts, round_fits
-from mlxkv_inference.engine.speculator import Speculator
+from mlxkv_inference.engine.speculator import COPY_RUN, Speculator
 from mlxkv_inference.models.draft import layer_skip_draft
 from tests.factories import count_fed_tokens, make_prompt, make_tiny_binding
 
@@ -340,6 +340,22 @@ def test_adaptive_length_turns_speculation_off_where_drafts_miss_and_back_on() -
         speculator.drafts(history, 6)
         speculator.observe([], [3])
     assert speculator.drafts(history, 6) != []
+
+
+def test_a_copy_in_progress_drafts_the_limit_alone_but_not_where_it_slows_a_batch_more() -> None:
+    costs = StepCosts()
+    for rows, seconds in {1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6, 5: 1.8, 8: 2.4, 9: 3.6}.items():
+        costs.record(rows, seconds)
+    params = SpeculativeParams(mode="prompt_lookup", num_draft_tokens=4)
+    text = list(range(100, 140))
+    copying = text + [7] + text[:COPY_RUN]  # the history's last COPY_RUN tokens copy the start of `text`
+    short = text + [7, 3] + text[COPY_RUN - 2 : COPY_RUN]  # the same 2-gram, matched 2 tokens back
+    for history, want in ((copying, 4), (short, 1)):  # the prior rate (one in two) alone: one draft
+        speculator = Speculator(params, PromptLookup(params.ngram_min, params.ngram_max), costs)
+        assert len(speculator.drafts(history, 4)) == want
+    assert Speculator(params, PromptLookup(1, 8), costs).drafts(copying, 4) == text[COPY_RUN : COPY_RUN + 4]
+    # eight generations' rows, where a ninth row costs half a step: even a copy's drafts lose there
+    assert Speculator(params, PromptLookup(1, 8), costs).drafts(copying, 4, batch=8, sequences=8) == []
 
 
 def test_a_generation_drafts_in_a_step_that_would_be_pipelined_only_where_that_pays_too() -> None:

@@ -56,6 +56,11 @@ class PromptLookup:
         self._starts = {n: {} for n in self._sizes}
 
     def propose(self, history: Sequence[int], limit: int) -> list[int]:
+        return self.lookup(history, limit)[0]
+
+    def lookup(self, history: Sequence[int], limit: int) -> tuple[list[int], int]:
+        """(`propose`'s drafts, how many tokens before them the copied text matches the history's
+        end: the n-gram and its aligned tokens before it; 0 where nothing matched)."""
         self._sync(history)
         tokens, end = self._tokens, len(self._tokens)
         for n in self._sizes:
@@ -63,9 +68,9 @@ class PromptLookup:
                 continue
             starts = self._starts[n].get(tuple(tokens[end - n :]))
             if starts:
-                start = max(reversed(starts), key=lambda s: self._aligned(s, end - n))
-                return tokens[start + n : start + n + limit]
-        return []
+                aligned, start = max((self._aligned(s, end - n), s) for s in starts)  # ties: the latest
+                return tokens[start + n : start + n + limit], n + aligned
+        return [], 0
 
     def _aligned(self, start: int, at: int) -> int:
         """How many tokens before `start` equal those before `at` (up to ALIGN_MAX)."""

@@ -13,7 +13,10 @@ A step where no generation drafts may be pipelined (`BatchScheduler`: the next s
 this one runs), and one draft anywhere forgoes that for every row: asked about such a step
 (`pipelining`), a generation counts that loss too (eight generations drafting at chat's acceptance
 made a batch 4-9% slower than not speculating before they did).
-Where no k beats a plain step, the round is a plain step: speculation off where it loses. Prompt
+In a copy (prompt lookup's match runs `COPY_RUN` tokens back, n-gram and aligned tokens before
+it) every draft counts as accepted, with no margin: the rate, an average over the sequence's
+rounds, does not see that a copy goes on until its edit point. Where no k beats a plain step,
+the round is a plain step: speculation off where it loses. Prompt
 lookup drafts cost nothing, so while off it still checks its guesses against the tokens produced
 and turns itself back on when they start matching; a draft model is retried with one draft after
 `RETRY_EVERY` plain steps, twice as many after each retry that misses.
@@ -34,6 +37,11 @@ GAIN_MARGIN = 1.12  # a longer round must beat the best shorter one by this much
 # What pipelining gains a batched step (unpipelined over pipelined seconds: `tools.bench_batch`
 # measured 1.12-1.13x at eight rows on this 2-core machine).
 PIPELINING_GAIN = 1.12
+# Matched tokens from which prompt lookup's drafts count as a copy in progress. Replayed as
+# `tools.bench_speculative` replays (one run's step costs, the plain answers of its two edit
+# requests and of nine other prompts): edits modelled 1.42x/2.21x -> 1.46x/2.38x at 16, each of
+# the nine the same or faster; at 9 or 12 some of the nine lost.
+COPY_RUN = 16
 
 
 class Speculator:
@@ -65,17 +73,23 @@ class Speculator:
         self._shadow = []
         if limit < 1:
             return []
-        k, retry = self._plan(limit, batch, sequences, pipelining)
+        guess: list[int] = []
+        copying = False
+        if isinstance(self._proposer, PromptLookup):  # drafts cost nothing: looked up before planning
+            guess, matched = self._proposer.lookup(history, limit)
+            copying = matched >= COPY_RUN
+        k, retry = self._plan(limit, batch, sequences, pipelining, copying)
         if k == 0:
             self._idle_steps += 1
-            if self._free:  # while off, prompt lookup still guesses the next token, for `observe` to check
-                self._shadow = self._proposer.propose(history, 1)
+            self._shadow = guess[:1]  # while off, prompt lookup still guesses the next token, for `observe` to check
             return []
         self._retrying = self._retrying or retry
         self._idle_steps = 0
+        if self._free:
+            return guess[:k]
         started = time.perf_counter()
         drafts = self._proposer.propose(history, k)
-        if drafts and not self._free:
+        if drafts:
             spent = time.perf_counter() - started
             if isinstance(self._proposer, DraftModel):  # once a prompt: not what drafting costs a round
                 spent -= self._proposer.catch_up_s
@@ -88,11 +102,11 @@ class Speculator:
         after is known (a pipelined step)."""
         return limit >= 1 and self._plan(limit, batch, sequences, pipelining)[0] > 0
 
-    def _plan(self, limit: int, batch: int, sequences: int, pipelining: bool) -> tuple[int, bool]:
+    def _plan(self, limit: int, batch: int, sequences: int, pipelining: bool, copying: bool = False) -> tuple[int, bool]:
         """(drafts the next step verifies, whether that is a draft model's retry): the adaptive
-        length; where it is none, one draft for a draft model whose plain steps, this one
-        counted, reached `_retry_every`."""
-        k = self._length(limit, max(batch, 1), max(sequences, 1), pipelining)
+        length (`copying`: prompt lookup's match is a copy in progress); where it is none, one
+        draft for a draft model whose plain steps, this one counted, reached `_retry_every`."""
+        k = self._length(limit, max(batch, 1), max(sequences, 1), pipelining, copying)
         if k or self._free or self._idle_steps + 1 < self._retry_every:
             return k, False
         return 1, True
@@ -118,18 +132,19 @@ class Speculator:
             self.drafted += len(drafts)
             self.accepted += min(accepted, len(produced) - 1)
 
-    def _length(self, limit: int, batch: int, sequences: int, pipelining: bool) -> int:
+    def _length(self, limit: int, batch: int, sequences: int, pipelining: bool, copying: bool) -> int:
         if not self.params.adaptive:
             return limit
         rate = min(self.acceptance, 0.999)
+        margin = 1.0 if copying else GAIN_MARGIN
         step = self._costs.seconds(batch)
         drafting = self._draft_seconds / step if step else 0.0  # a drafted token, in steps
         forgone = PIPELINING_GAIN if pipelining else 1.0
         best_k, best = 0, 1.0
         for k in range(1, limit + 1):
-            expected = (1 - rate ** (k + 1)) / (1 - rate)
+            expected = k + 1.0 if copying else (1 - rate ** (k + 1)) / (1 - rate)
             cost = self._costs.relative(batch + k, batch) * forgone + k * drafting
             gain = (sequences - 1 + expected) / (sequences * cost)
-            if gain > best * GAIN_MARGIN:
+            if gain > best * margin:
                 best_k, best = k, gain
         return best_k
