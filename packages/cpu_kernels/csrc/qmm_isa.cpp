@@ -546,9 +546,9 @@ void sub_tile_rows(const QmmArgs& a, int64_t m, int64_t rows, int64_t n, int64_t
 // 8-row 576 x 1536 product ~1.9x faster as two 4-row sub-tiles; at K = 576 one 8-row sub-tile
 // stays faster). Over a short K up to 10 rows, one register per accumulator still (C = 1): a
 // speculative round of 8 drafts feeds 9 rows, which as sub-tiles of 5 and 4 dequantized every
-// block twice (`tools.bench_kernel --step-rows 8 9 10 --head-bits 8`, 2 threads: 9 rows 26.2-28.7
-// -> 23.9-24.1 ms, 1.16x 8 rows; 10 rows 29.2-30.4 -> 27.6-27.9; 11 and 12 rows in one sub-tile
-// measured no faster than two).
+// block twice (`tools.bench_kernel --step-rows 8 9 10 --head-bits 8`, 2 threads, the previous
+// build and this one alternating: 9 rows 25.4 -> 23.2-23.7 ms, 1.28-1.30x -> 1.17-1.19x 8 rows;
+// 10 rows 28.8-29.0 -> 26.0-26.4; 11 and 12 rows in one sub-tile measured no faster than two).
 inline int64_t sub_rows([[maybe_unused]] const QmmArgs& a) {
 #if QMM_ISA == 2
   constexpr int64_t kAvx2ShortKRows = 10;

@@ -81,7 +81,7 @@ def add_speculative_options(parser: argparse.ArgumentParser, *, server: bool) ->
     group = parser.add_argument_group("speculative decoding (the tokens are exactly those of not speculating)")
     default = "the requests' default" if server else "the default"
     group.add_argument("--speculative", choices=SPECULATIVE_MODES, default=None,
-                       help=f"{default} proposer: prompt_lookup drafts what followed the latest earlier occurrence of the "
+                       help=f"{default} proposer: prompt_lookup drafts what followed an earlier occurrence (the best-aligned recent one) of the "
                        "last few tokens (pays when the answer repeats the prompt: edits, quotes); draft uses the draft "
                        "model; off (default: prompt_lookup, or draft when a draft model is given)")
     group.add_argument("--num-draft-tokens", type=int, default=DEFAULT_NUM_DRAFT_TOKENS, metavar="K",
