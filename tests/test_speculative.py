@@ -356,6 +356,12 @@ def test_a_copy_in_progress_drafts_the_limit_alone_but_not_where_it_slows_a_batc
     assert Speculator(params, PromptLookup(1, 8), costs).drafts(copying, 4) == text[COPY_RUN : COPY_RUN + 4]
     # eight generations' rows, where a ninth row costs half a step: even a copy's drafts lose there
     assert Speculator(params, PromptLookup(1, 8), costs).drafts(copying, 4, batch=8, sequences=8) == []
+    # two generations: a copy drafts where the step is not pipelined anyway, and where it would be,
+    # drafts only as `plans_drafts` said before the history was known (none, at the prior rate)
+    speculator = Speculator(params, PromptLookup(1, 8), costs)
+    assert len(speculator.drafts(copying, 4, batch=2, sequences=2)) == 4
+    assert not speculator.plans_drafts(4, 2, 2, pipelining=True)
+    assert speculator.drafts(copying, 4, batch=2, sequences=2, pipelining=True) == []
 
 
 def test_a_generation_drafts_in_a_step_that_would_be_pipelined_only_where_that_pays_too() -> None:

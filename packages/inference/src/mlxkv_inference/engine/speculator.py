@@ -77,7 +77,9 @@ class Speculator:
         copying = False
         if isinstance(self._proposer, PromptLookup):  # drafts cost nothing: looked up before planning
             guess, matched = self._proposer.lookup(history, limit)
-            copying = matched >= COPY_RUN
+            # not for a step that would be pipelined: `plans_drafts` has answered for it, before
+            # the token it drafts after was known
+            copying = matched >= COPY_RUN and not pipelining
         k, retry = self._plan(limit, batch, sequences, pipelining, copying)
         if k == 0:
             self._idle_steps += 1
