@@ -123,6 +123,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.max_tokens < 2:
+        parser.error(f"--max-tokens must be at least 2 (decode tok/s runs from the first token to the last), got {args.max_tokens}")
     binding = load_binding(cpu_kernels=args.cpu_kernels)
     sampling = SamplingParams(temperature=args.temperature, seed=SEED if args.temperature else None)
     draft = layer_skip_draft(binding, args.draft_layers)
@@ -174,8 +176,8 @@ def main() -> int:
                 workload_tps[mode].append(decoded[mode] / seconds[mode] if seconds[mode] else 0.0)
         for mode in modes:
             rate = f"{accepted[mode] / drafted[mode]:.0%} of {drafted[mode]} drafts" if drafted[mode] else "no drafts"
-            paired = [x / off for x, off in zip(workload_tps[mode], workload_tps["off"])]
-            own = [statistics.median(x / off for x, off in zip(tps[mode][i :: len(prompts)], tps["off"][i :: len(prompts)]))
+            paired = [x / off if off else 0.0 for x, off in zip(workload_tps[mode], workload_tps["off"])]
+            own = [statistics.median(x / off if off else 0.0 for x, off in zip(tps[mode][i :: len(prompts)], tps["off"][i :: len(prompts)]))
                    for i in range(len(prompts))]
             print(f"  {mode:>20}: {statistics.median(workload_tps[mode]):6.2f} tok/s  {statistics.median(paired):5.2f}x  "
                   f"(repeats {', '.join(f'{r:.2f}x' for r in paired)}; per request {', '.join(f'{r:.2f}x' for r in own)}; "

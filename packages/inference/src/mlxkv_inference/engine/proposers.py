@@ -32,11 +32,11 @@ class PromptLookup:
     """Prompt-lookup drafts: the longest suffix n-gram of the history (n from `ngram_max` down to
     `ngram_min`) that occurred before, and the tokens that followed its best-aligned occurrence:
     of its latest `CANDIDATES`, the one whose preceding tokens go on matching the history's
-    furthest back (up to `ALIGN_MAX` tokens; ties to the latest). A file quoted in the prompt
-    repeats short n-grams (`self.`, `    def `); the latest of them is often another method's,
-    where the copy being written sits in an earlier one (replayed on the speculative bench's
-    plain answers: drafts accepted 92% -> 96% on the edit request whose answer repeats itself,
-    67% -> 69% on the one that paraphrases the file; the same or better on nine other answers).
+    furthest back (up to `ALIGN_MAX` tokens; ties to the latest). A quoted file repeats short
+    n-grams (`self.`, `    def `) in many places, and the latest is not always the text being
+    copied (replayed on the speculative bench's plain answers: drafts accepted 92% -> 96% on the
+    edit request whose answer repeats itself, 67% -> 69% on the one that paraphrases the file;
+    the same or better on nine other answers).
 
     The index grows with the history (a few dict writes a token), so a lookup costs
     O(ngram_max + CANDIDATES * ALIGN_MAX).
