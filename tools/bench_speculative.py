@@ -6,8 +6,11 @@ edit workload and a chat workload (targets: >= 2x on edits with prompt lookup, >
     chat   plain questions, answered in prose (few n-grams to reuse: the adaptive draft length
            should switch speculation off rather than lose time)
 
-The draft model is the embedded model's own first `--draft-layers` layers (self-speculation, as in
-LayerSkip: no smaller model with SmolLM2's tokenizer ships here). Every mode must produce the very
+The draft model is the model's own first `--draft-layers` layers (self-speculation, as in
+LayerSkip: no smaller model with SmolLM2's tokenizer ships here). `--model` runs it on a local
+mlx-lm directory or .gguf file instead of the embedded model: the edit target assumes an answer
+that rewrites the file with a few changes, which the embedded 135M model does not give (it
+paraphrases), so a model that does is the fair check. Every mode must produce the very
 tokens of the plain run (checked: a mismatch exits 1). Decode tok/s is the generation's own (first
 token to last). Each repeat runs every request once in every mode, back to back; a mode's speed-up
 is the median over repeats of its workload tok/s (tokens over decode seconds, all the workload's
@@ -120,12 +123,14 @@ def main() -> int:
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sample at this temperature, seeded (default: 0, greedy); the tokens must still match")
     parser.add_argument("--cpu-kernels", choices=("native", "mlx"), default="native", help="matmul kernels (default: native)")
+    parser.add_argument("--model", default=None, metavar="PATH",
+                        help="a local mlx-lm directory or .gguf file (default: the embedded model)")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.max_tokens < 2:
         parser.error(f"--max-tokens must be at least 2 (decode tok/s runs from the first token to the last), got {args.max_tokens}")
-    binding = load_binding(cpu_kernels=args.cpu_kernels)
+    binding = load_binding(args.model, cpu_kernels=args.cpu_kernels)
     sampling = SamplingParams(temperature=args.temperature, seed=SEED if args.temperature else None)
     draft = layer_skip_draft(binding, args.draft_layers)
     binding.warm_up(compiled=True)  # the server's start-up probes (compiled rounds too), outside the timed runs
@@ -138,7 +143,7 @@ def main() -> int:
         "edit": [f"```python\n{CODE_FILE}```\n\n{request}" for request in EDIT_REQUESTS],
         "chat": CHAT_REQUESTS,
     }
-    print(f"embedded model, {args.cpu_kernels} kernels, "
+    print(f"{binding.model_id}, {args.cpu_kernels} kernels, "
           f"{f'temperature {args.temperature} (seed {SEED})' if args.temperature else 'greedy'}, up to {args.max_tokens} tokens an answer, "
           f"{args.repeats} repeats, up to {args.num_draft_tokens} drafts a step")
     exact = True
