@@ -132,7 +132,10 @@ def main() -> int:
         parser.error(f"--max-tokens must be at least 2 (decode tok/s runs from the first token to the last), got {args.max_tokens}")
     binding = load_binding(args.model, cpu_kernels=args.cpu_kernels)
     sampling = SamplingParams(temperature=args.temperature, seed=SEED if args.temperature else None)
-    draft = layer_skip_draft(binding, args.draft_layers)
+    try:
+        draft = layer_skip_draft(binding, args.draft_layers)
+    except ValueError as error:  # the range depends on the model loaded
+        parser.error(f"--draft-layers: {error}")
     binding.warm_up(compiled=True)  # the server's start-up probes (compiled rounds too), outside the timed runs
     modes = {
         "off": SpeculativeParams(),
