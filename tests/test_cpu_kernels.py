@@ -86,7 +86,7 @@ def test_strided_views_are_gathered_like_their_copies(view: str) -> None:
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("m", [2, 3, 7, 8, 9, 10, 11, 64, 512])  # 9 and 10: one AVX2 sub-tile; 11: two
+@pytest.mark.parametrize("m", [2, 3, 4, 5, 7, 8, 9, 10, 11, 64, 512])  # 2-5: AVX2 streams along the columns; 9 and 10: one sub-tile; 11: two
 def test_a_row_is_bitwise_identical_alone_and_in_any_batch(m: int, bits: int) -> None:
     w, scales, biases = quantized(200, 576, 32, bits, mx.float16, seed=5)
     batch = rows(m, 576, seed=6)
