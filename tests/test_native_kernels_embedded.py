@@ -16,6 +16,7 @@ import pytest
 
 from mlxkv_inference import KvScheme, MlxAutoregressiveBinding
 from mlxkv_inference.binding import config_fingerprint
+from mlxkv_inference.models import native_layer
 from tests.test_kv_persistence import persist_mid_generation, run_fresh_process
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the native CPU kernels are Linux-only")
@@ -27,6 +28,12 @@ def next_logits(binding: MlxAutoregressiveBinding, prompt: list[int], chunk: int
     caches = binding.make_cache()
     binding.prefill(prompt[:-1], caches, chunk_size=chunk)
     return np.array(binding.decode(mx.array(prompt[-1:]), caches))
+
+
+def separate_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Layers as separate nodes (what runs where the one-node layer does not serve, and what it
+    runs inside: tests/test_native_layer.py)."""
+    monkeypatch.setattr(native_layer, "_fused_parts", lambda layer: None)
 
 
 def test_embedded_native_prefill_in_chunks_of_7_or_512_gives_identical_logits(embedded_native: MlxAutoregressiveBinding) -> None:
@@ -84,6 +91,7 @@ def test_embedded_native_runs_a_layers_products_of_one_input_together_with_the_s
         return [ops.quantized_matmul(x, *parts, group_size, bits) for parts in zip(ws, scales, biases, strict=True)]
 
     prompt = embedded_native.tokenizer.encode(PROMPT)
+    separate_nodes(monkeypatch)
     monkeypatch.setattr(ops, "quantized_matmuls", counted)
     fused = next_logits(embedded_native, prompt, 512)
     layers = len(embedded_native.model.model.layers)
@@ -111,6 +119,7 @@ def test_embedded_native_attention_reads_the_projections_as_they_come_with_the_s
         return [out.reshape(q.shape), *written]
 
     prompt = embedded_native.tokenizer.encode(PROMPT)
+    separate_nodes(monkeypatch)
     monkeypatch.setattr(ops, "attend", recorded)
     flat = next_logits(embedded_native, prompt, 512)
     projected = (attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0], attn.v_proj.weight.shape[0])

@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
@@ -47,6 +49,29 @@ NB_MODULE(_ext, m) {
       "Rotates q and k (RoPE, when rope_dims > 0), writes each sequence's new k, v rows into its "
       "(1, Hkv, capacity, D) buffers and attends causally. q, k and v are (R, H, D) or (..., H * D) "
       "with the R rows in the leading dims; returns [out (q's shape), keys_0, values_0, ...].");
+  m.def(
+      "decoder_layer",
+      [](const mx::array& h, const mx::array& input_norm, const mx::array& post_norm, float eps,
+         const std::vector<mx::array>& weights, const std::vector<int>& bits, const std::vector<int>& group_sizes,
+         const mx::array& positions, const std::vector<mx::array>& buffers, std::vector<int> rows, float scale,
+         const std::optional<mx::array>& inv_freq, int rope_dims, bool rope_traditional, float rope_scale,
+         mx::StreamOrDevice s) {
+        if (bits.size() != 4 || group_sizes.size() != 4) {
+          throw std::invalid_argument("decoder_layer: bits and group_sizes take one entry per product: q/k/v, o, gate/up, down");
+        }
+        mlxkv::LayerQuant quant;
+        std::copy(bits.begin(), bits.end(), quant.bits.begin());
+        std::copy(group_sizes.begin(), group_sizes.end(), quant.group_size.begin());
+        mlxkv::Rope rope{rope_dims, rope_traditional, rope_scale};
+        return mlxkv::decoder_layer(h, input_norm, post_norm, eps, weights, quant, positions, buffers, std::move(rows),
+                                    scale, inv_freq ? *inv_freq : mx::zeros({0}, mx::float32), rope, s);
+      },
+      "h"_a, "input_norm"_a, "post_norm"_a, "eps"_a, "weights"_a, "bits"_a, "group_sizes"_a, "positions"_a,
+      "buffers"_a, "rows"_a, "scale"_a, nb::kw_only(), "inv_freq"_a = nb::none(), "rope_dims"_a = 0,
+      "rope_traditional"_a = false, "rope_scale"_a = 1.0f, "stream"_a = nb::none(),
+      "One llama-style decoder layer (input norm, q/k/v, attend, o, residual, post norm, gate/up, SwiGLU, "
+      "down, residual) as one node, with the bits of the separate ops. weights: (w, scales, biases) for q, k, "
+      "v, o, gate, up, down; bits and group_sizes: q/k/v, o, gate/up, down. Returns [h', keys_0, values_0, ...].");
   m.def("swiglu", &mlxkv::swiglu, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(),
         "silu(gate) * up elementwise (float32), the same bits on every instruction set and thread count.");
   m.def("rms_norm", &mlxkv::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(), "stream"_a = nb::none(),

@@ -96,6 +96,79 @@ void rotate(const Rope& rope, const float* inv_freq, int64_t position, float* ro
   }
 }
 
+// A sequence's KV buffer as attend's task sees it: the output it writes (the input's own memory
+// when donated, else a copy made in the task).
+struct KvBuffer {
+  const float* src;
+  float* dst;
+  mx::Shape shape;
+  mx::Strides strides;
+  bool copy, dense;
+  int64_t size;
+};
+
+// What attend_task needs besides q, k and v: captured at eval_cpu, run in the dispatched task.
+struct AttendJob {
+  std::vector<KvBuffer> buffers;
+  std::vector<int> rows;
+  const int32_t* positions;
+  const float* inv_freq;
+  float scale;
+  Rope rope;
+  int64_t heads, kv_heads, dim;
+};
+
+struct KvGeometry {
+  int heads, dim, rows;  // kv heads, head size, rows over all sequences
+};
+
+// Checks what attend and decoder_layer share (the sequences' buffers, rows, positions and RoPE).
+KvGeometry kv_geometry(const mx::array& positions, const std::vector<mx::array>& buffers, const std::vector<int>& rows,
+                       const mx::array& inv_freq, const Rope& rope, const char* op) {
+  auto fail = [op](bool ok, const std::string& message) { check(ok, message, op); };
+  fail(!rows.empty() && buffers.size() == 2 * rows.size(), "need a keys and a values buffer per sequence");
+  for (const auto& b : buffers) {
+    fail(b.dtype() == mx::float32 && b.ndim() == 4 && b.shape(0) == 1 && b.shape(1) > 0 &&
+             b.shape(1) == buffers[0].shape(1) && b.shape(3) == buffers[0].shape(3),
+         "buffers must be float32 of shape (1, Hkv, capacity, D)");
+  }
+  const int kv_heads = buffers[0].shape(1), dim = buffers[0].shape(3);
+  fail(dim > 0 && dim % 16 == 0 && dim <= 256, "head size must be a multiple of 16, at most 256");
+  int R = 0;
+  for (int n : rows) {
+    fail(n >= 1, "each sequence needs at least one row");
+    R += n;
+  }
+  fail(positions.dtype() == mx::int32 && positions.ndim() == 1 && positions.shape(0) == int(rows.size()),
+       "positions must be int32 with one entry per sequence");
+  fail(rope.dims >= 0 && rope.dims % 2 == 0 && rope.dims <= dim, "rope dims must be even, 0..D");
+  fail(inv_freq.dtype() == mx::float32 && inv_freq.ndim() == 1 && inv_freq.shape(0) == rope.dims / 2,
+       "inv_freq must be float32 of shape (rope dims / 2,)");
+  return {kv_heads, dim, R};
+}
+
+void check_query_heads(int heads, int kv_heads, const char* op) {
+  check(heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= 64,
+        "query heads must be a multiple of kv heads, at most 64 per kv head", op);
+}
+
+// Checks one quantized weight (w, scales, biases: MLX's affine layout) of a product over
+// `features` inputs.
+void check_weight(int64_t features, const mx::array& w, const mx::array& scales, const mx::array& biases,
+                  int group_size, int bits, const char* op) {
+  check(bits == 4 || bits == 8, "bits must be 4 or 8, got " + std::to_string(bits), op);
+  check(group_size == 32 || group_size == 64 || group_size == 128,
+        "group_size must be 32, 64 or 128, got " + std::to_string(group_size), op);
+  check(w.dtype() == mx::uint32 && w.ndim() == 2, "w must be a 2-D uint32 array", op);
+  check(scales.dtype() == biases.dtype() && (scales.dtype() == mx::float32 || scales.dtype() == mx::float16),
+        "scales and biases must both be float32 or both float16", op);
+  const int64_t n = w.shape(0), k = int64_t(w.shape(1)) * 32 / bits;
+  check(features == k, "x has " + std::to_string(features) + " features, w packs " + std::to_string(k), op);
+  const mx::Shape param_shape{int(n), int(k / group_size)};
+  check(scales.shape() == param_shape && biases.shape() == param_shape,
+        "scales and biases must have shape (N, K / group_size)", op);
+}
+
 mx::Shape out_shape(const mx::array& x, const mx::array& w) {
   mx::Shape shape = x.shape();
   shape.back() = w.shape(0);
@@ -113,9 +186,6 @@ mx::array quantized_matmul(
 std::vector<mx::array> quantized_matmuls(
     const mx::array& x, const std::vector<mx::array>& ws, const std::vector<mx::array>& all_scales,
     const std::vector<mx::array>& all_biases, int group_size, int bits, mx::StreamOrDevice s) {
-  check(bits == 4 || bits == 8, "bits must be 4 or 8, got " + std::to_string(bits));
-  check(group_size == 32 || group_size == 64 || group_size == 128,
-        "group_size must be 32, 64 or 128, got " + std::to_string(group_size));
   check(x.dtype() == mx::float32, "x must be float32 (cast activations first)");
   check(x.ndim() >= 1, "x must have at least one dimension");
   check(!ws.empty() && all_scales.size() == ws.size() && all_biases.size() == ws.size(),
@@ -132,16 +202,8 @@ std::vector<mx::array> quantized_matmuls(
   std::vector<mx::Shape> shapes;
   for (size_t i = 0; i < ws.size(); ++i) {
     const mx::array &w = ws[i], &scales = all_scales[i], &biases = all_biases[i];
-    check(w.dtype() == mx::uint32 && w.ndim() == 2, "w must be a 2-D uint32 array");
-    check(scales.dtype() == biases.dtype() && (scales.dtype() == mx::float32 || scales.dtype() == mx::float16),
-          "scales and biases must both be float32 or both float16");
+    check_weight(x.shape().back(), w, scales, biases, group_size, bits, "quantized_matmul");
     check(scales.dtype() == all_scales[0].dtype(), "every weight's scales must have the same dtype");
-    int64_t n = w.shape(0), k = int64_t(w.shape(1)) * 32 / bits;
-    check(x.shape().back() == k, "x has " + std::to_string(x.shape().back()) + " features, w packs " +
-                                      std::to_string(k));
-    mx::Shape param_shape{int(n), int(k / group_size)};
-    check(scales.shape() == param_shape && biases.shape() == param_shape,
-          "scales and biases must have shape (N, K / group_size)");
     inputs.insert(inputs.end(), {dense(w), dense(scales), dense(biases)});
     shapes.push_back(out_shape(x, w));
   }
@@ -210,19 +272,8 @@ std::vector<mx::array> attend(
   auto fail = [](bool ok, const std::string& message) { check(ok, message, "attend"); };
   fail(q.dtype() == mx::float32 && k.dtype() == mx::float32 && v.dtype() == mx::float32,
        "q, k and v must be float32");
-  fail(!rows.empty() && buffers.size() == 2 * rows.size(), "need a keys and a values buffer per sequence");
-  for (const auto& b : buffers) {
-    fail(b.dtype() == mx::float32 && b.ndim() == 4 && b.shape(0) == 1 && b.shape(1) > 0 &&
-             b.shape(1) == buffers[0].shape(1) && b.shape(3) == buffers[0].shape(3),
-         "buffers must be float32 of shape (1, Hkv, capacity, D)");
-  }
-  const int kv_heads = buffers[0].shape(1), dim = buffers[0].shape(3);
-  fail(dim > 0 && dim % 16 == 0 && dim <= 256, "head size must be a multiple of 16, at most 256");
-  int R = 0;
-  for (int n : rows) {
-    fail(n >= 1, "each sequence needs at least one row");
-    R += n;
-  }
+  const KvGeometry kv = kv_geometry(positions, buffers, rows, inv_freq, rope, "attend");
+  const int kv_heads = kv.heads, dim = kv.dim, R = kv.rows;
   // (R, H, D) per head, or (..., H * D) with the R rows in the leading dims: the same row-major floats.
   auto rows_of = [&](const mx::array& a, int h) {
     if (a.ndim() < 1 || int64_t(a.size()) != int64_t(R) * h * dim) return false;
@@ -233,13 +284,7 @@ std::vector<mx::array> attend(
        "are (1, Hkv, capacity, D)");
   const int heads = int(q.size() / (size_t(R) * dim));
   fail(rows_of(q, heads), "q must be (R, Hq, D) or (..., Hq * D) with R rows in the leading dims");
-  fail(heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= 64,
-       "query heads must be a multiple of kv heads, at most 64 per kv head");
-  fail(positions.dtype() == mx::int32 && positions.ndim() == 1 && positions.shape(0) == int(rows.size()),
-       "positions must be int32 with one entry per sequence");
-  fail(rope.dims >= 0 && rope.dims % 2 == 0 && rope.dims <= dim, "rope dims must be even, 0..D");
-  fail(inv_freq.dtype() == mx::float32 && inv_freq.ndim() == 1 && inv_freq.shape(0) == rope.dims / 2,
-       "inv_freq must be float32 of shape (rope dims / 2,)");
+  check_query_heads(heads, kv_heads, "attend");
   std::vector<mx::Shape> shapes{q.shape()};
   std::vector<mx::Dtype> dtypes{mx::float32};
   for (const auto& b : buffers) {
@@ -254,31 +299,28 @@ std::vector<mx::array> attend(
                                 std::make_shared<NativeAttention>(stream, std::move(rows), scale, rope), inputs);
 }
 
-void NativeAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
-  // NOTE: every output of a multi-output primitive holds its own copy of the inputs, so no
-  // buffer would ever look donatable (is_donatable wants one reference). MLX drops the siblings'
-  // inputs right after this call anyway (array::detach); dropping them first leaves a buffer with
-  // one reference exactly when nothing else (a Python handle, a clone) still holds it.
+namespace {
+
+// Every output of a multi-output primitive holds its own copy of the inputs, so no buffer would
+// ever look donatable (is_donatable wants one reference). MLX drops the siblings' inputs right
+// after eval_cpu anyway (array::detach); dropping them first leaves a buffer with one reference
+// exactly when nothing else (a Python handle, a clone) still holds it.
+void release_sibling_inputs(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   if (std::none_of(outputs.begin(), outputs.end(), [](const mx::array& o) { return o.is_tracer(); })) {
     for (auto& o : outputs) {
       if (&o.inputs() != &inputs) o.inputs().clear();
     }
   }
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& in : inputs) encoder.set_input_array(in);
-  outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
-  struct Buffer {
-    const float* src;
-    float* dst;
-    mx::Shape shape;
-    mx::Strides strides;
-    bool copy, dense;
-    int64_t size;
-  };
-  std::vector<Buffer> buffers;
-  for (size_t i = kFirstBuffer; i < inputs.size(); ++i) {
+}
+
+// Outputs out_first.. take the KV buffers inputs in_first.. in place where MLX can donate them,
+// fresh memory (filled by the task) otherwise.
+std::vector<KvBuffer> kv_outputs(const std::vector<mx::array>& inputs, size_t in_first, std::vector<mx::array>& outputs,
+                                 size_t out_first) {
+  std::vector<KvBuffer> buffers;
+  for (size_t i = in_first; i < inputs.size(); ++i) {
     const mx::array& in = inputs[i];
-    mx::array& out = outputs[i - kFirstBuffer + 1];
+    mx::array& out = outputs[i - in_first + out_first];
     const bool donate = in.is_donatable() && in.flags().row_contiguous;
     if (donate) {
       out.copy_shared_buffer(in);
@@ -288,63 +330,84 @@ void NativeAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector
     buffers.push_back({in.data<float>(), out.data<float>(), in.shape(), in.strides(), !donate,
                        in.flags().row_contiguous, int64_t(in.size())});
   }
+  return buffers;
+}
+
+// Copies the buffers not donated, rotates q and k in place (RoPE, when rope.dims > 0), writes each
+// sequence's new rows into its buffers and attends causally into out (attention.h).
+void attend_task(const AttendJob& job, float* q, float* k, const float* v, float* out) {
+  for (const auto& b : job.buffers) {
+    if (!b.copy) continue;
+    if (b.dense) {
+      std::memcpy(b.dst, b.src, size_t(b.size) * sizeof(float));
+    } else {
+      gather(b.src, b.shape, b.strides, b.dst);
+    }
+  }
+  const int64_t heads = job.heads, kv_heads = job.kv_heads, dim = job.dim;
+  if (job.rope.dims > 0) {
+    int64_t row = 0;
+    for (size_t s = 0; s < job.rows.size(); ++s) {
+      for (int j = 0; j < job.rows[s]; ++j, ++row) {
+        rotate(job.rope, job.inv_freq, job.positions[s] + j, q + row * heads * dim, heads, dim);
+        rotate(job.rope, job.inv_freq, job.positions[s] + j, k + row * kv_heads * dim, kv_heads, dim);
+      }
+    }
+  }
+  std::vector<AttnSequence> sequences;
+  int64_t first = 0;
+  for (size_t s = 0; s < job.rows.size(); ++s) {
+    const KvBuffer& kb = job.buffers[2 * s];
+    const KvBuffer& vb = job.buffers[2 * s + 1];
+    const int64_t capacity = kb.shape[2];
+    // NOTE: the caller reserves the capacity; a position past it (a bug upstream) writes and
+    // attends only what fits rather than running off the buffer.
+    const int64_t position = std::clamp<int64_t>(job.positions[s], 0, capacity - 1);
+    const int64_t n = std::min<int64_t>(job.rows[s], capacity - position);
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t g = 0; g < kv_heads; ++g) {
+        const int64_t src = ((first + j) * kv_heads + g) * dim, dst = (g * capacity + position + j) * dim;
+        std::memcpy(kb.dst + dst, k + src, size_t(dim) * sizeof(float));
+        std::memcpy(vb.dst + dst, v + src, size_t(dim) * sizeof(float));
+      }
+    }
+    sequences.push_back({kb.dst, vb.dst, capacity, position, first, n});
+    first += job.rows[s];
+  }
+  AttnArgs args{q, out, sequences.data(), int64_t(sequences.size()), heads, kv_heads, dim, job.scale};
+  attention_run(args);
+}
+
+}  // namespace
+
+void NativeAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  release_sibling_inputs(inputs, outputs);
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& in : inputs) encoder.set_input_array(in);
+  outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
+  std::vector<KvBuffer> buffers = kv_outputs(inputs, kFirstBuffer, outputs, 1);
   for (auto& out : outputs) encoder.set_output_array(out);
   const int64_t kv_heads = inputs[kFirstBuffer].shape(1), dim = inputs[kFirstBuffer].shape(3);
   int64_t total_rows = 0;
   for (int n : rows_) total_rows += n;
   const int64_t heads = int64_t(inputs[0].size()) / (total_rows * dim);
+  AttendJob job{std::move(buffers), rows_, inputs[3].data<int32_t>(), inputs[4].data<float>(), scale_, rope_,
+                heads, kv_heads, dim};
   encoder.dispatch([q = Floats::of(inputs[0]), k = Floats::of(inputs[1]), v = Floats::of(inputs[2]),
-                    positions = inputs[3].data<int32_t>(), inv_freq = inputs[4].data<float>(),
-                    out = outputs[0].data<float>(), buffers = std::move(buffers), rows = rows_, scale = scale_,
-                    rope = rope_, heads, kv_heads, dim]() {
-    for (const auto& b : buffers) {
-      if (!b.copy) continue;
-      if (b.dense) {
-        std::memcpy(b.dst, b.src, size_t(b.size) * sizeof(float));
-      } else {
-        gather(b.src, b.shape, b.strides, b.dst);
-      }
-    }
+                    out = outputs[0].data<float>(), job = std::move(job)]() {
+    // q and k rotate in place: in scratch, never in the caller's arrays.
     thread_local std::vector<float> qkv;
     qkv.resize(size_t(q.size + k.size + v.size));
     const float* qd = q.read(qkv.data());
     const float* kd = k.read(qkv.data() + q.size);
     const float* vd = v.read(qkv.data() + q.size + k.size);
-    if (rope.dims > 0) {
+    if (job.rope.dims > 0) {
       if (qd != qkv.data()) std::memcpy(qkv.data(), qd, size_t(q.size) * sizeof(float));
       if (kd != qkv.data() + q.size) std::memcpy(qkv.data() + q.size, kd, size_t(k.size) * sizeof(float));
       qd = qkv.data();
       kd = qkv.data() + q.size;
-      int64_t row = 0;
-      for (size_t s = 0; s < rows.size(); ++s) {
-        for (int j = 0; j < rows[s]; ++j, ++row) {
-          rotate(rope, inv_freq, positions[s] + j, qkv.data() + row * heads * dim, heads, dim);
-          rotate(rope, inv_freq, positions[s] + j, qkv.data() + q.size + row * kv_heads * dim, kv_heads, dim);
-        }
-      }
     }
-    std::vector<AttnSequence> sequences;
-    int64_t first = 0;
-    for (size_t s = 0; s < rows.size(); ++s) {
-      const Buffer& kb = buffers[2 * s];
-      const Buffer& vb = buffers[2 * s + 1];
-      const int64_t capacity = kb.shape[2];
-      // NOTE: the caller reserves the capacity; a position past it (a bug upstream) writes and
-      // attends only what fits rather than running off the buffer.
-      const int64_t position = std::clamp<int64_t>(positions[s], 0, capacity - 1);
-      const int64_t n = std::min<int64_t>(rows[s], capacity - position);
-      for (int64_t j = 0; j < n; ++j) {
-        for (int64_t g = 0; g < kv_heads; ++g) {
-          const int64_t src = ((first + j) * kv_heads + g) * dim, dst = (g * capacity + position + j) * dim;
-          std::memcpy(kb.dst + dst, kd + src, size_t(dim) * sizeof(float));
-          std::memcpy(vb.dst + dst, vd + src, size_t(dim) * sizeof(float));
-        }
-      }
-      sequences.push_back({kb.dst, vb.dst, capacity, position, first, n});
-      first += rows[s];
-    }
-    AttnArgs args{qd, out, sequences.data(), int64_t(sequences.size()), heads, kv_heads, dim, scale};
-    attention_run(args);
+    attend_task(job, const_cast<float*>(qd), const_cast<float*>(kd), vd, out);
   });
 }
 
@@ -361,6 +424,144 @@ std::vector<mx::Shape> NativeAttention::output_shapes(const std::vector<mx::arra
 bool NativeAttention::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const NativeAttention&>(other);
   return rows_ == o.rows_ && scale_ == o.scale_ && rope_ == o.rope_;
+}
+
+namespace {
+
+// decoder_layer's inputs: h, the two norms' weights, positions, inv_freq, 21 weight arrays, buffers.
+constexpr size_t kLayerWeights = 5, kLayerBuffers = kLayerWeights + 21;
+// The four products' weights, as (first weight, count) among the seven.
+constexpr int kProductFirst[4] = {0, 3, 4, 6}, kProductCount[4] = {3, 1, 2, 1};
+
+}  // namespace
+
+std::vector<mx::array> decoder_layer(
+    const mx::array& h, const mx::array& input_norm, const mx::array& post_norm, float eps,
+    const std::vector<mx::array>& weights, LayerQuant quant, const mx::array& positions,
+    const std::vector<mx::array>& buffers, std::vector<int> rows, float scale, const mx::array& inv_freq, Rope rope,
+    mx::StreamOrDevice s) {
+  constexpr const char* op = "decoder_layer";
+  auto fail = [](bool ok, const std::string& message) { check(ok, message, op); };
+  fail(h.dtype() == mx::float32 && h.ndim() >= 1 && h.shape().back() > 0, "h must be float32 with a non-empty last axis");
+  const int64_t D = h.shape().back();
+  for (const auto* norm : {&input_norm, &post_norm}) {
+    fail(norm->dtype() == mx::float32 && norm->ndim() == 1 && norm->shape(0) == D, "norm weights must be float32 of shape (D,)");
+  }
+  fail(std::isfinite(eps) && eps >= 0, "eps must be finite and >= 0");
+  fail(weights.size() == 21, "weights are (w, scales, biases) for q, k, v, o, gate, up and down: 21 arrays");
+  const KvGeometry kv = kv_geometry(positions, buffers, rows, inv_freq, rope, op);
+  fail(int64_t(h.size()) == int64_t(kv.rows) * D, "h must hold one row of D features per row of the sequences");
+  auto out_features = [&](int i) { return int64_t(weights[3 * i].shape(0)); };
+  for (int i = 0; i < 7; ++i) fail(weights[3 * i].ndim() == 2, "w must be a 2-D uint32 array");
+  const int64_t q_features = out_features(0), kv_features = int64_t(kv.heads) * kv.dim, ffn = out_features(4);
+  fail(q_features % kv.dim == 0, "q's outputs must be whole heads of the buffers' head size");
+  check_query_heads(int(q_features / kv.dim), kv.heads, op);
+  fail(out_features(1) == kv_features && out_features(2) == kv_features, "k and v must give Hkv * D outputs each");
+  fail(out_features(3) == D && out_features(6) == D && out_features(5) == ffn, "o and down must give D outputs, up as many as gate");
+  const int64_t inputs_of[7] = {D, D, D, q_features, D, D, ffn};
+  for (int p = 0; p < 4; ++p) {
+    for (int i = kProductFirst[p]; i < kProductFirst[p] + kProductCount[p]; ++i) {
+      check_weight(inputs_of[i], weights[3 * i], weights[3 * i + 1], weights[3 * i + 2], quant.group_size[p],
+                   quant.bits[p], op);
+      fail(weights[3 * i + 1].dtype() == weights[3 * kProductFirst[p] + 1].dtype(),
+           "weights of one product (q/k/v, gate/up) must have scales of one dtype");
+    }
+  }
+  auto stream = mx::to_stream(s);
+  fail(stream.device == mx::Device::cpu, "the native kernel runs on the CPU device only");
+  auto dense = [&](const mx::array& a) {
+    return a.status() != mx::array::unscheduled && a.flags().row_contiguous ? a : mx::contiguous(a, false, stream);
+  };
+  std::vector<mx::array> inputs{h, input_norm, post_norm, positions, inv_freq};
+  for (const auto& w : weights) inputs.push_back(dense(w));
+  inputs.insert(inputs.end(), buffers.begin(), buffers.end());
+  std::vector<mx::Shape> shapes{h.shape()};
+  for (const auto& b : buffers) shapes.push_back(b.shape());
+  return mx::array::make_arrays(
+      std::move(shapes), std::vector<mx::Dtype>(1 + buffers.size(), mx::float32),
+      std::make_shared<NativeDecoderLayer>(stream, eps, quant, std::move(rows), scale, rope), std::move(inputs));
+}
+
+void NativeDecoderLayer::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  release_sibling_inputs(inputs, outputs);
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& in : inputs) encoder.set_input_array(in);
+  outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
+  std::vector<KvBuffer> buffers = kv_outputs(inputs, kLayerBuffers, outputs, 1);
+  for (auto& out : outputs) encoder.set_output_array(out);
+  const mx::array& h = inputs[0];
+  const int64_t D = h.shape().back(), R = int64_t(h.size()) / D;
+  const int64_t kv_heads = inputs[kLayerBuffers].shape(1), dim = inputs[kLayerBuffers].shape(3);
+  std::array<QmmArgs, 7> products{};
+  for (int p = 0; p < 4; ++p) {
+    for (int i = kProductFirst[p]; i < kProductFirst[p] + kProductCount[p]; ++i) {
+      const mx::array& w = inputs[kLayerWeights + 3 * i];
+      QmmArgs& a = products[size_t(i)];
+      a.w = reinterpret_cast<const uint8_t*>(w.data<uint32_t>());
+      a.scales = inputs[kLayerWeights + 3 * i + 1].data<void>();
+      a.biases = inputs[kLayerWeights + 3 * i + 2].data<void>();
+      a.scales_f16 = inputs[kLayerWeights + 3 * i + 1].dtype() == mx::float16;
+      a.M = R;
+      a.N = w.shape(0);
+      a.K = int64_t(w.shape(1)) * 32 / quant_.bits[p];
+      a.group_size = quant_.group_size[p];
+      a.bits = quant_.bits[p];
+    }
+  }
+  AttendJob job{std::move(buffers), rows_, inputs[3].data<int32_t>(), inputs[4].data<float>(), scale_, rope_,
+                products[0].N / dim, kv_heads, dim};
+  encoder.dispatch([h = Floats::of(h), input_norm = Floats::of(inputs[1]), post_norm = Floats::of(inputs[2]),
+                    out = outputs[0].data<float>(), products, job = std::move(job), eps = eps_, R, D]() mutable {
+    const int64_t nq = products[0].N, nkv = products[1].N, ffn = products[4].N;
+    thread_local std::vector<float> scratch;
+    // h (when strided), the norms' weights (when strided), a normed row block, q, k, v, the
+    // attention output, o or down's output, gate, up, their SwiGLU.
+    const int64_t sizes[] = {h.dense ? 0 : R * D, input_norm.dense ? 0 : D, post_norm.dense ? 0 : D, R * D, R * nq,
+                             R * nkv, R * nkv, R * nq, R * D, R * ffn, R * ffn, R * ffn};
+    int64_t total = 0;
+    for (int64_t n : sizes) total += n;
+    scratch.resize(size_t(total));
+    float* at = scratch.data();
+    auto take = [&at](int64_t n) { float* p = at; at += n; return p; };
+    const float* hd = h.read(take(sizes[0]));
+    const float* w1 = input_norm.read(take(sizes[1]));
+    const float* w2 = post_norm.read(take(sizes[2]));
+    float *normed = take(R * D), *q = take(R * nq), *k = take(R * nkv), *v = take(R * nkv), *att = take(R * nq),
+          *proj = take(R * D), *gate = take(R * ffn), *up = take(R * ffn), *act = take(R * ffn);
+    auto run = [&](int first, int count, const float* x, std::initializer_list<float*> ys) {
+      int i = first;
+      for (float* y : ys) {
+        products[size_t(i)].x = x;
+        products[size_t(i++)].y = y;
+      }
+      qmm_run(products.data() + first, count);
+    };
+    rms_norm_run(hd, w1, normed, R, D, eps);
+    run(0, 3, normed, {q, k, v});
+    attend_task(job, q, k, v, att);
+    run(3, 1, att, {proj});
+    for (int64_t i = 0; i < R * D; ++i) out[i] = hd[i] + proj[i];
+    rms_norm_run(out, w2, normed, R, D, eps);
+    run(4, 2, normed, {gate, up});
+    swiglu_run(gate, up, act, R * ffn);
+    run(6, 1, act, {proj});
+    for (int64_t i = 0; i < R * D; ++i) out[i] += proj[i];
+  });
+}
+
+void NativeDecoderLayer::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("MlxkvNativeDecoderLayer has no GPU implementation");
+}
+
+std::vector<mx::Shape> NativeDecoderLayer::output_shapes(const std::vector<mx::array>& inputs) {
+  std::vector<mx::Shape> shapes{inputs[0].shape()};
+  for (size_t i = kLayerBuffers; i < inputs.size(); ++i) shapes.push_back(inputs[i].shape());
+  return shapes;
+}
+
+bool NativeDecoderLayer::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const NativeDecoderLayer&>(other);
+  return eps_ == o.eps_ && quant_ == o.quant_ && rows_ == o.rows_ && scale_ == o.scale_ && rope_ == o.rope_;
 }
 
 mx::array swiglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s) {

@@ -35,6 +35,25 @@ def attend(
     rope_scale: float = 1.0,
     stream: mx.Stream | mx.Device | None = None,
 ) -> list[mx.array]: ...
+def decoder_layer(
+    h: mx.array,
+    input_norm: mx.array,
+    post_norm: mx.array,
+    eps: float,
+    weights: list[mx.array],
+    bits: list[int],
+    group_sizes: list[int],
+    positions: mx.array,
+    buffers: list[mx.array],
+    rows: list[int],
+    scale: float,
+    *,
+    inv_freq: mx.array | None = None,
+    rope_dims: int = 0,
+    rope_traditional: bool = False,
+    rope_scale: float = 1.0,
+    stream: mx.Stream | mx.Device | None = None,
+) -> list[mx.array]: ...
 def swiglu(gate: mx.array, up: mx.array, *, stream: mx.Stream | mx.Device | None = None) -> mx.array: ...
 def rms_norm(x: mx.array, weight: mx.array, eps: float, *, stream: mx.Stream | mx.Device | None = None) -> mx.array: ...
 def log_softmax(x: mx.array, *, stream: mx.Stream | mx.Device | None = None) -> mx.array: ...

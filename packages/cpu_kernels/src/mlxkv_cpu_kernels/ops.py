@@ -1,10 +1,11 @@
-"""The native quantized matmul, attention, SwiGLU, RMS norm, log-softmax and sampler (imports mlx; load the BLAS shim first if you want it)."""
+"""The native quantized matmul, attention, decoder layer, SwiGLU, RMS norm, log-softmax and sampler (imports mlx; load the BLAS shim first if you want it)."""
 
 import mlx.core  # noqa: F401  (registers mx.array with nanobind before _ext loads)
 
 from mlxkv_cpu_kernels._ext import (
     attend,
     best_isa,
+    decoder_layer,
     isa,
     log_softmax,
     num_threads,
@@ -17,4 +18,4 @@ from mlxkv_cpu_kernels._ext import (
     swiglu,
 )
 
-__all__ = ["attend", "best_isa", "isa", "log_softmax", "num_threads", "quantized_matmul", "quantized_matmuls", "rms_norm", "sample", "set_isa", "set_num_threads", "swiglu"]
+__all__ = ["attend", "best_isa", "decoder_layer", "isa", "log_softmax", "num_threads", "quantized_matmul", "quantized_matmuls", "rms_norm", "sample", "set_isa", "set_num_threads", "swiglu"]

@@ -23,6 +23,7 @@ from mlxkv_inference.kv_scheme import KvScheme
 from mlxkv_inference.models import batched
 from mlxkv_inference.models.cpu_kernels import CpuKernels, use_native_kernels
 from mlxkv_inference.models.native_attention import NATIVE_ATTENTION, use_native_attention
+from mlxkv_inference.models.native_layer import use_native_layers
 from mlxkv_inference.models.native_mlp import NATIVE_SWIGLU, use_native_swiglu
 from mlxkv_inference.models.native_norm import NATIVE_RMS_NORM, use_native_rms_norm
 from mlxkv_inference.models.recurrent_replay import use_recurrent_replay
@@ -91,6 +92,8 @@ class MlxAutoregressiveBinding:
             native_attention = use_native_attention(model, config)
             native_swiglu = native_attention and use_native_swiglu(model)  # float32 activations checked
             native_rms_norm = native_attention and use_native_rms_norm(model)
+            if native_rms_norm and native_swiglu:
+                use_native_layers(model)  # the same bits in one node a layer: nothing to fingerprint
         self.model = model
         self.cpu_kernels: CpuKernels = cpu_kernels
         self.tokenizer = tokenizer

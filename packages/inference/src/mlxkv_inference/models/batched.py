@@ -10,6 +10,7 @@
                                            cache (no padding), as its own forward runs them;
                                            with native attention one kernel call a layer for
                                            all sequences (models/native_attention.py)
+    all of a layer, natively:              one node (models/native_layer.py), the same bits
 
 Every batched operation is row-wise (a row's result depends on that row only) when the matmul
 kernels are row-invariant; `row_invariant_kinds` checks that per weight kind, and a step whose
@@ -29,6 +30,7 @@ from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.recurrent import RecurrentCache
 from mlxkv_inference.models.cpu_kernels import project
 from mlxkv_inference.models.native_attention import NativeSequence, attend_rows, native_sequence, uses_native_attention
+from mlxkv_inference.models.native_layer import fused_forward
 
 # Graphs whose layers are (input norm, self_attn, post norm, mlp) with q/k/v/o projections.
 BATCHABLE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -89,8 +91,15 @@ def decode_batch(model: nn.Module, tokens: mx.array, caches: Sequence[Sequence[L
     inner: Any = getattr(model, "model")
     h: mx.array = inner.embed_tokens(tokens.reshape(-1, 1))
     for index, layer in enumerate(inner.layers):
-        h = h + _attention(layer.self_attn, layer.input_layernorm(h), [row[index] for row in caches], spans)
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        layer_caches = [row[index] for row in caches]
+        sequences = [native_sequence(cache, b - a) for (a, b), cache in zip(spans, layer_caches, strict=True)]
+        fused = fused_forward(layer, h, [s for s in sequences if s is not None]) \
+            if all(s is not None for s in sequences) else None
+        if fused is not None:
+            h = fused
+        else:
+            h = h + _attention(layer.self_attn, layer.input_layernorm(h), layer_caches, spans)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
         if index % LAYERS_PER_DISPATCH == LAYERS_PER_DISPATCH - 1 and index + 1 < len(inner.layers):
             _mlx_lm.async_eval(h)  # these layers run while the next ones are built (the caller evaluates the rest)
     if logits_of is not None:

@@ -22,7 +22,7 @@ from mlxkv_inference.cache.kv import PlainKVCache
 from mlxkv_inference.cache.slots import PlainKvDecodeSlot
 from mlxkv_inference.models.cpu_kernels import project
 
-__all__ = ["attend_rows", "native_sequence", "uses_native_attention", "use_native_attention"]
+__all__ = ["attend_rows", "first_positions", "keep_written", "native_sequence", "uses_native_attention", "use_native_attention"]
 
 NATIVE_ATTENTION = "attention native/2"  # what the config fingerprint records (see binding.config_fingerprint)
 _MAX_HEAD_DIM = 256
@@ -67,11 +67,7 @@ def attend_rows(attn: Any, x: mx.array, sequences: Sequence[NativeSequence]) -> 
     `sequences[i].rows` rows, its consecutive positions."""
     queries, keys, values = project(x, [attn.q_proj, attn.k_proj, attn.v_proj])
     known_rope = kernel_rope(attn.rope)
-    starts = [s.position() for s in sequences]
-    if all(isinstance(p, int) for p in starts):
-        firsts = mx.array(starts, dtype=mx.int32)
-    else:  # the compiled step's slot: its position is an input array
-        firsts = mx.concatenate([mx.array([p]) if isinstance(p, int) else p for p in starts]).astype(mx.int32)
+    firsts = first_positions(sequences)
     # The kernel reads q, k and v as rows of heads, so the projections go in as they come: no
     # per-head view (4 of a layer's ~15 graph nodes) unless a q/k norm or MLX's RoPE needs one.
     per_head = hasattr(attn, "q_norm") or known_rope is None
@@ -93,9 +89,23 @@ def attend_rows(attn: Any, x: mx.array, sequences: Sequence[NativeSequence]) -> 
     out, *written = ops.attend(queries, keys, values, firsts, buffers, [s.rows for s in sequences], attn.scale,
                                inv_freq=rope.inv_freq, rope_dims=rope.dims, rope_traditional=rope.traditional,
                                rope_scale=rope.scale)
+    keep_written(sequences, written)
+    return out.reshape(*x.shape[:-1], -1) if per_head else out
+
+
+def first_positions(sequences: Sequence[NativeSequence]) -> mx.array:
+    """int32 (S,): the absolute position of each sequence's first row, as the kernel takes them."""
+    starts = [s.position() for s in sequences]
+    if all(isinstance(p, int) for p in starts):
+        return mx.array(starts, dtype=mx.int32)
+    # the compiled step's slot: its position is an input array
+    return mx.concatenate([mx.array([p]) if isinstance(p, int) else p for p in starts]).astype(mx.int32)
+
+
+def keep_written(sequences: Sequence[NativeSequence], written: Sequence[mx.array]) -> None:
+    """Each sequence keeps the (keys, values) buffers the kernel returns for it, in order."""
     for i, sequence in enumerate(sequences):
         sequence.keep(written[2 * i], written[2 * i + 1])
-    return out.reshape(*x.shape[:-1], -1) if per_head else out
 
 
 @dataclass(frozen=True)

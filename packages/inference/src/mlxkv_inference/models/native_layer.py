@@ -1,0 +1,115 @@
+"""A whole llama-style decoder layer as one native node, on the native path.
+
+With the native kernels a layer is still ~11 MLX graph nodes (two norms, four products, attention,
+SwiGLU, two residual adds), ~340 a decode step of the embedded model, and MLX's CPU backend spends
+~5 us dispatching each. `use_native_layers` gives mlx-lm's llama `TransformerBlock` a forward that
+runs the same kernels in the same order inside one node (csrc/primitive.h `decoder_layer`): the
+same bits as the separate nodes (tests/test_native_layer.py pins it), so nothing in the config
+fingerprint changes. A layer or a cache the fused node does not serve (adapters, biases, q/k
+norms, a RoPE variant the kernel does not know, rotating or quantized caches) runs as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlxkv_inference.models.cpu_kernels import NativeQuantizedLinear
+from mlxkv_inference.models.mixins import mix_into
+from mlxkv_inference.models.native_attention import (
+    NativeSequence,
+    first_positions,
+    keep_written,
+    kernel_rope,
+    native_sequence,
+    uses_native_attention,
+)
+from mlxkv_inference.models.native_mlp import NativeSwigluMixin
+from mlxkv_inference.models.native_norm import NativeRmsNormMixin
+
+__all__ = ["fused_forward", "use_native_layers"]
+
+_BLOCKS = (("mlx_lm.models.llama", "TransformerBlock"),)
+
+
+class NativeLayerMixin:
+    """Mixed into mlx-lm's llama `TransformerBlock`: the layer as one native node where its
+    modules and the cache allow it."""
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        # NOTE: the mask is causal (see NativeAttentionMixin): the kernel applies it itself.
+        sequence = native_sequence(cache, x.shape[1]) if x.shape[0] == 1 else None
+        fused = fused_forward(self, x, [sequence]) if sequence is not None else None
+        if fused is None:
+            out: mx.array = super().__call__(x, mask=mask, cache=cache)  # type: ignore[misc]
+            return out
+        return fused
+
+
+def fused_forward(layer: Any, h: mx.array, sequences: Sequence[NativeSequence]) -> mx.array | None:
+    """The layer's output for the rows of `h` (sequence i owns the next `sequences[i].rows`), its
+    new keys and values kept in the sequences' caches; None (nothing done) where the fused node
+    does not serve this layer."""
+    parts = _fused_parts(layer) if isinstance(layer, NativeLayerMixin) else None
+    if parts is None or h.dtype != mx.float32:
+        return None
+    attn, linears, quant = parts
+    rope = kernel_rope(attn.rope)
+    assert rope is not None  # checked by _fused_parts
+    dim = attn.q_proj.weight.shape[0] // attn.n_heads
+    buffers = [b for s in sequences for b in s.buffers(attn.n_kv_heads, dim)]
+    weights = [linear[name] for linear in linears for name in ("weight", "scales", "biases")]
+    from mlxkv_cpu_kernels import ops
+
+    out, *written = ops.decoder_layer(
+        h, layer.input_layernorm["weight"], layer.post_attention_layernorm["weight"], layer.input_layernorm.eps,
+        weights, [bits for bits, _ in quant], [group for _, group in quant], first_positions(sequences), buffers,
+        [s.rows for s in sequences], attn.scale, inv_freq=rope.inv_freq, rope_dims=rope.dims,
+        rope_traditional=rope.traditional, rope_scale=rope.scale)
+    keep_written(sequences, written)
+    return out
+
+
+def use_native_layers(model: nn.Module) -> bool:
+    """Gives every llama `TransformerBlock` of `model` whose modules the fused node serves (call it
+    after the native kernels, attention, SwiGLU and RMS norm are in) the one-node forward;
+    returns whether any layer got it."""
+    return mix_into(model, _BLOCKS, NativeLayerMixin, "Native", where=lambda layer: _fused_parts(layer) is not None)
+
+
+_Parts = tuple[Any, list[Any], list[tuple[int, int]]]
+
+
+def _fused_parts(layer: Any) -> _Parts | None:
+    """(attention, the seven linears q k v o gate up down, (bits, group size) of q/k/v, o,
+    gate/up and down) when the fused node computes exactly what the layer's modules do; worked out
+    once per set of modules (~20 us, 30 layers a step) and again when one is swapped (an adapter)."""
+    # Modules are dicts of their children: item lookups, a fraction of attribute lookups' cost.
+    attn, mlp = layer["self_attn"], layer["mlp"]
+    modules = (layer["input_layernorm"], layer["post_attention_layernorm"], attn, mlp, attn["q_proj"], attn["k_proj"],
+               attn["v_proj"], attn["o_proj"], mlp["gate_proj"], mlp["up_proj"], mlp["down_proj"])
+    cached: tuple[tuple[Any, ...], _Parts | None] | None = getattr(layer, "_mlxkv_fused_parts", None)
+    if cached is not None and len(cached[0]) == len(modules) and all(a is b for a, b in zip(cached[0], modules)):
+        return cached[1]
+    parts = _parts_of(*modules)
+    object.__setattr__(layer, "_mlxkv_fused_parts", (modules, parts))  # not a parameter: beside the module tree
+    return parts
+
+
+def _parts_of(input_norm: Any, post_norm: Any, attn: Any, mlp: Any, *linears: Any) -> _Parts | None:
+    norms = (input_norm, post_norm)
+    if not all(isinstance(n, NativeRmsNormMixin) for n in norms) or input_norm.eps != post_norm.eps \
+            or not all(n.weight.dtype == mx.float32 for n in (input_norm, post_norm)):
+        return None
+    if not uses_native_attention(attn) or hasattr(attn, "q_norm") or kernel_rope(attn.rope) is None \
+            or not isinstance(mlp, NativeSwigluMixin):
+        return None
+    if not all(type(linear) is NativeQuantizedLinear and "bias" not in linear for linear in linears):
+        return None
+    groups = (linears[0:3], linears[3:4], linears[4:6], linears[6:7])
+    if any(len({(m.bits, m.group_size, m["scales"].dtype) for m in group}) > 1 for group in groups):
+        return None
+    return attn, list(linears), [(group[0].bits, group[0].group_size) for group in groups]
