@@ -30,7 +30,7 @@ from mlxkv_inference.models.native_attention import (
 from mlxkv_inference.models.native_mlp import NativeSwigluMixin
 from mlxkv_inference.models.native_norm import NativeRmsNormMixin
 
-__all__ = ["fused_forward", "use_native_layers"]
+__all__ = ["fused_forward", "separate_layers", "use_native_layers"]
 
 _BLOCKS = (("mlx_lm.models.llama", "TransformerBlock"),)
 
@@ -78,6 +78,17 @@ def use_native_layers(model: nn.Module) -> bool:
     after the native kernels, attention, SwiGLU and RMS norm are in) the one-node forward;
     returns whether any layer got it."""
     return mix_into(model, _BLOCKS, NativeLayerMixin, "Native", where=lambda layer: _fused_parts(layer) is not None)
+
+
+def separate_layers(model: nn.Module) -> int:
+    """Undoes `use_native_layers`: each layer runs its modules as separate nodes again (the same
+    bits; `tools.bench_decode --cpu-kernels native` times both). Returns how many layers changed."""
+    changed = 0
+    for _, module in model.named_modules():  # type: ignore[no-untyped-call]  # mlx leaves it untyped
+        if isinstance(module, NativeLayerMixin):
+            module.__class__ = next(base for base in type(module).__bases__ if base is not NativeLayerMixin)
+            changed += 1
+    return changed
 
 
 _Parts = tuple[Any, list[Any], list[tuple[int, int]]]
