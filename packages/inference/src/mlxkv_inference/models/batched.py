@@ -34,13 +34,13 @@ from mlxkv_inference.models.native_layer import fused_forward
 
 # Graphs whose layers are (input norm, self_attn, post norm, mlp) with q/k/v/o projections.
 BATCHABLE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
-# Layers built between two `async_eval`s of the step's hidden state. MLX (0.32) lets an eval have
-# at most ~100 CPU dispatches in flight (MAX_ACTIVE_TASKS x DISPATCHES_PER_TASK, 10 x 10) and
-# blocks the calling thread until the rest are dispatched, so a ~550-primitive step evaluated
-# at its end keeps the Python that builds it from overlapping its kernels: building 4 layers
-# (~1 ms of Python at 8 rows) while the last ones' ~100 dispatches (~2 layers) run does.
-# Same values either way (a /tmp same-process A/B of pipelined 8-row steps: 1.79 -> 1.89 cores
-# busy, 0.92x the step time; every layer 1.01x, every 2 0.97x, every 8 0.88x, on a noisy machine).
+# Layers built between two `async_eval`s of the step's hidden state: the first layers' kernels run
+# while Python builds the rest. With a layer in ~11 nodes (~550 a step at 8 rows) it also kept MLX
+# (0.32: at most ~100 CPU dispatches in flight an eval) from blocking the Python that builds the
+# step (a /tmp same-process A/B of pipelined 8-row steps: 0.92x the step time). With one node a
+# layer (models/native_layer.py) the step is ~40 nodes and the overlap is what is left (/tmp A/B
+# of 1, 4 and 8 sequences' steps at 300 positions, medians: every 4 layers 10.2, 17.3, 28.5 ms;
+# every 8 9.7, 17.0, 28.5; never 11.0, 17.4, 29.8; every 2 10.1, 17.0, 29.0). Same values either way.
 LAYERS_PER_DISPATCH = 4
 
 
