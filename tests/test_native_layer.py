@@ -1,4 +1,4 @@
-"""A decoder layer as one native node gives the bits of its separate nodes.
+"""A decoder layer as one native node gives the bits of its separate nodes (llama and Qwen3 blocks).
 
 The oracle is the same binding with the fused node turned off (`_fused_parts` answering None):
 norms, products, attention, SwiGLU and the residual adds as separate MLX nodes. Logits and the
@@ -22,7 +22,7 @@ from mlxkv_inference._mlx_lm import build_model, eval_parameters
 from mlxkv_inference.cache.kv import PlainKVCache
 from mlxkv_inference.models import native_layer
 from mlxkv_inference.models.batched import decode_batch
-from tests.factories import _randomize, make_prompt, make_tiny_config
+from tests.factories import _randomize, make_prompt, make_tiny_binding, make_tiny_config
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the native CPU kernels are Linux-only")
 
@@ -114,6 +114,18 @@ def test_a_tiny_llama_with_other_quantizations_keeps_its_bits(bits: dict[str, tu
         assert np.array_equal(got, want)
 
 
+def test_a_tiny_qwen3_s_layers_norm_q_and_k_per_head_inside_the_node_with_the_same_bits() -> None:
+    binding = make_tiny_binding("qwen3", seed=5, native=True)
+    assert_fused(binding)
+    assert hasattr(getattr(binding.model, "model").layers[0].self_attn, "q_norm")
+    prompt = make_prompt(23)
+    fused = forwards(binding, prompt)
+    assert native_layer.separate_layers(binding.model) == 2
+    plain = forwards(binding, prompt)
+    for got, want in zip(fused, plain, strict=True):
+        assert np.array_equal(got, want)
+
+
 def test_a_layer_the_node_does_not_serve_runs_its_separate_nodes() -> None:
     """q, k and v of different bits cannot run as one product: the layer keeps its own forward."""
     binding = tiny_llama({"k_proj": (8, 32)})
@@ -128,6 +140,7 @@ def test_a_layer_the_node_does_not_serve_runs_its_separate_nodes() -> None:
     ("bits", "one entry per product"),
     ("norm", "norm weights must be float32 of shape (D,)"),
     ("rows", "each sequence needs at least one row"),
+    ("head_norms", "head norm weights must be float32 of shape (head size,)"),
 ])
 def test_bad_arguments_are_value_errors(change: str, message: str) -> None:
     from mlxkv_cpu_kernels import ops
@@ -140,7 +153,7 @@ def test_bad_arguments_are_value_errors(change: str, message: str) -> None:
     weights = [linear[name] for linear in linears for name in ("weight", "scales", "biases")]
     args: dict[str, Any] = {
         "h": mx.zeros((2, 1, 128)), "input_norm": layer.input_layernorm.weight, "post_norm": layer.post_attention_layernorm.weight,
-        "eps": 1e-5, "weights": weights, "bits": [b for b, _ in quant], "group_sizes": [g for _, g in quant],
+        "eps": 1e-5, "weights": weights, "bits": [b for b, _ in quant], "group_sizes": [g for _, g in quant], "head_norms": [],
         "positions": mx.array([0], dtype=mx.int32), "buffers": [mx.zeros((1, 2, 8, 16)), mx.zeros((1, 2, 8, 16))],
         "rows": [2], "scale": 0.25,
     }
@@ -152,6 +165,8 @@ def test_bad_arguments_are_value_errors(change: str, message: str) -> None:
         args["bits"] = args["bits"][:3]
     elif change == "norm":
         args["input_norm"] = mx.zeros((64,))
+    elif change == "head_norms":
+        args["head_norms"] = [mx.zeros((16,)), mx.zeros((8,))]
     else:
         args["rows"] = [0]
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):

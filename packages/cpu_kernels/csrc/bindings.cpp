@@ -53,7 +53,7 @@ NB_MODULE(_ext, m) {
       "decoder_layer",
       [](const mx::array& h, const mx::array& input_norm, const mx::array& post_norm, float eps,
          const std::vector<mx::array>& weights, const std::vector<int>& bits, const std::vector<int>& group_sizes,
-         const mx::array& positions, const std::vector<mx::array>& buffers, std::vector<int> rows, float scale,
+         const std::vector<mx::array>& head_norms, const mx::array& positions, const std::vector<mx::array>& buffers, std::vector<int> rows, float scale,
          const std::optional<mx::array>& inv_freq, int rope_dims, bool rope_traditional, float rope_scale,
          mx::StreamOrDevice s) {
         if (bits.size() != 4 || group_sizes.size() != 4) {
@@ -63,15 +63,16 @@ NB_MODULE(_ext, m) {
         std::copy(bits.begin(), bits.end(), quant.bits.begin());
         std::copy(group_sizes.begin(), group_sizes.end(), quant.group_size.begin());
         mlxkv::Rope rope{rope_dims, rope_traditional, rope_scale};
-        return mlxkv::decoder_layer(h, input_norm, post_norm, eps, weights, quant, positions, buffers, std::move(rows),
-                                    scale, inv_freq ? *inv_freq : mx::zeros({0}, mx::float32), rope, s);
+        return mlxkv::decoder_layer(h, input_norm, post_norm, eps, weights, quant, head_norms, positions, buffers,
+                                    std::move(rows), scale, inv_freq ? *inv_freq : mx::zeros({0}, mx::float32), rope, s);
       },
-      "h"_a, "input_norm"_a, "post_norm"_a, "eps"_a, "weights"_a, "bits"_a, "group_sizes"_a, "positions"_a,
+      "h"_a, "input_norm"_a, "post_norm"_a, "eps"_a, "weights"_a, "bits"_a, "group_sizes"_a, "head_norms"_a, "positions"_a,
       "buffers"_a, "rows"_a, "scale"_a, nb::kw_only(), "inv_freq"_a = nb::none(), "rope_dims"_a = 0,
       "rope_traditional"_a = false, "rope_scale"_a = 1.0f, "stream"_a = nb::none(),
       "One llama-style decoder layer (input norm, q/k/v, attend, o, residual, post norm, gate/up, SwiGLU, "
       "down, residual) as one node, with the bits of the separate ops. weights: (w, scales, biases) for q, k, "
-      "v, o, gate, up, down; bits and group_sizes: q/k/v, o, gate/up, down. Returns [h', keys_0, values_0, ...].");
+      "v, o, gate, up, down; bits and group_sizes: q/k/v, o, gate/up, down; head_norms: [] or the q and k norms' "
+      "weights (Qwen3). Returns [h', keys_0, values_0, ...].");
   m.def("swiglu", &mlxkv::swiglu, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(),
         "silu(gate) * up elementwise (float32), the same bits on every instruction set and thread count.");
   m.def("rms_norm", &mlxkv::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(), "stream"_a = nb::none(),

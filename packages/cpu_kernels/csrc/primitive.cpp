@@ -428,8 +428,10 @@ bool NativeAttention::is_equivalent(const mx::Primitive& other) const {
 
 namespace {
 
-// decoder_layer's inputs: h, the two norms' weights, positions, inv_freq, 21 weight arrays, buffers.
-constexpr size_t kLayerWeights = 5, kLayerBuffers = kLayerWeights + 21;
+// decoder_layer's inputs: h, the two norms' weights, positions, inv_freq, 21 weight arrays, the q
+// and k norms' weights where the layer has them, buffers.
+constexpr size_t kLayerWeights = 5, kHeadNorms = kLayerWeights + 21;
+size_t first_buffer(bool head_norms) { return kHeadNorms + (head_norms ? 2 : 0); }
 // The four products' weights, as (first weight, count) among the seven.
 constexpr int kProductFirst[4] = {0, 3, 4, 6}, kProductCount[4] = {3, 1, 2, 1};
 
@@ -437,9 +439,9 @@ constexpr int kProductFirst[4] = {0, 3, 4, 6}, kProductCount[4] = {3, 1, 2, 1};
 
 std::vector<mx::array> decoder_layer(
     const mx::array& h, const mx::array& input_norm, const mx::array& post_norm, float eps,
-    const std::vector<mx::array>& weights, LayerQuant quant, const mx::array& positions,
-    const std::vector<mx::array>& buffers, std::vector<int> rows, float scale, const mx::array& inv_freq, Rope rope,
-    mx::StreamOrDevice s) {
+    const std::vector<mx::array>& weights, LayerQuant quant, const std::vector<mx::array>& head_norms,
+    const mx::array& positions, const std::vector<mx::array>& buffers, std::vector<int> rows, float scale,
+    const mx::array& inv_freq, Rope rope, mx::StreamOrDevice s) {
   constexpr const char* op = "decoder_layer";
   auto fail = [](bool ok, const std::string& message) { check(ok, message, op); };
   fail(h.dtype() == mx::float32 && h.ndim() >= 1 && h.shape().back() > 0, "h must be float32 with a non-empty last axis");
@@ -450,6 +452,11 @@ std::vector<mx::array> decoder_layer(
   fail(std::isfinite(eps) && eps >= 0, "eps must be finite and >= 0");
   fail(weights.size() == 21, "weights are (w, scales, biases) for q, k, v, o, gate, up and down: 21 arrays");
   const KvGeometry kv = kv_geometry(positions, buffers, rows, inv_freq, rope, op);
+  fail(head_norms.empty() || head_norms.size() == 2, "head_norms are none, or the q and k norms' weights");
+  for (const auto& norm : head_norms) {
+    fail(norm.dtype() == mx::float32 && norm.ndim() == 1 && norm.shape(0) == kv.dim,
+         "head norm weights must be float32 of shape (head size,)");
+  }
   fail(int64_t(h.size()) == int64_t(kv.rows) * D, "h must hold one row of D features per row of the sequences");
   auto out_features = [&](int i) { return int64_t(weights[3 * i].shape(0)); };
   for (int i = 0; i < 7; ++i) fail(weights[3 * i].ndim() == 2, "w must be a 2-D uint32 array");
@@ -474,12 +481,14 @@ std::vector<mx::array> decoder_layer(
   };
   std::vector<mx::array> inputs{h, input_norm, post_norm, positions, inv_freq};
   for (const auto& w : weights) inputs.push_back(dense(w));
+  inputs.insert(inputs.end(), head_norms.begin(), head_norms.end());
   inputs.insert(inputs.end(), buffers.begin(), buffers.end());
   std::vector<mx::Shape> shapes{h.shape()};
   for (const auto& b : buffers) shapes.push_back(b.shape());
   return mx::array::make_arrays(
       std::move(shapes), std::vector<mx::Dtype>(1 + buffers.size(), mx::float32),
-      std::make_shared<NativeDecoderLayer>(stream, eps, quant, std::move(rows), scale, rope), std::move(inputs));
+      std::make_shared<NativeDecoderLayer>(stream, eps, quant, !head_norms.empty(), std::move(rows), scale, rope),
+      std::move(inputs));
 }
 
 void NativeDecoderLayer::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
@@ -487,11 +496,15 @@ void NativeDecoderLayer::eval_cpu(const std::vector<mx::array>& inputs, std::vec
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (const auto& in : inputs) encoder.set_input_array(in);
   outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
-  std::vector<KvBuffer> buffers = kv_outputs(inputs, kLayerBuffers, outputs, 1);
+  const size_t buffers_at = first_buffer(head_norms_);
+  std::vector<KvBuffer> buffers = kv_outputs(inputs, buffers_at, outputs, 1);
   for (auto& out : outputs) encoder.set_output_array(out);
   const mx::array& h = inputs[0];
   const int64_t D = h.shape().back(), R = int64_t(h.size()) / D;
-  const int64_t kv_heads = inputs[kLayerBuffers].shape(1), dim = inputs[kLayerBuffers].shape(3);
+  const int64_t kv_heads = inputs[buffers_at].shape(1), dim = inputs[buffers_at].shape(3);
+  // No head norms: empty reads (Floats of the h input, never read).
+  const Floats q_norm = Floats::of(inputs[head_norms_ ? kHeadNorms : 0]);
+  const Floats k_norm = Floats::of(inputs[head_norms_ ? kHeadNorms + 1 : 0]);
   std::array<QmmArgs, 7> products{};
   for (int p = 0; p < 4; ++p) {
     for (int i = kProductFirst[p]; i < kProductFirst[p] + kProductCount[p]; ++i) {
@@ -510,14 +523,19 @@ void NativeDecoderLayer::eval_cpu(const std::vector<mx::array>& inputs, std::vec
   }
   AttendJob job{std::move(buffers), rows_, inputs[3].data<int32_t>(), inputs[4].data<float>(), scale_, rope_,
                 products[0].N / dim, kv_heads, dim};
-  encoder.dispatch([h = Floats::of(h), input_norm = Floats::of(inputs[1]), post_norm = Floats::of(inputs[2]),
-                    out = outputs[0].data<float>(), products, job = std::move(job), eps = eps_, R, D]() mutable {
-    const int64_t nq = products[0].N, nkv = products[1].N, ffn = products[4].N;
+  encoder.dispatch([h = Floats::of(h), input_norm = Floats::of(inputs[1]), post_norm = Floats::of(inputs[2]), q_norm,
+                    k_norm, head_norms = head_norms_, out = outputs[0].data<float>(), products, job = std::move(job),
+                    eps = eps_, R, D]() mutable {
+    const int64_t nq = products[0].N, nkv = products[1].N, ffn = products[4].N, dim = job.dim;
     thread_local std::vector<float> scratch;
     // h (when strided), the norms' weights (when strided), a normed row block, q, k, v, the
-    // attention output, o or down's output, gate, up, their SwiGLU.
+    // attention output, o or down's output, gate, up, their SwiGLU, the head norms' weights
+    // (when strided) and q and k normed per head.
+    const int64_t heads_normed = head_norms ? 1 : 0;
     const int64_t sizes[] = {h.dense ? 0 : R * D, input_norm.dense ? 0 : D, post_norm.dense ? 0 : D, R * D, R * nq,
-                             R * nkv, R * nkv, R * nq, R * D, R * ffn, R * ffn, R * ffn};
+                             R * nkv, R * nkv, R * nq, R * D, R * ffn, R * ffn, R * ffn,
+                             heads_normed * (q_norm.dense ? 0 : dim), heads_normed * (k_norm.dense ? 0 : dim),
+                             heads_normed * R * nq, heads_normed * R * nkv};
     int64_t total = 0;
     for (int64_t n : sizes) total += n;
     scratch.resize(size_t(total));
@@ -528,6 +546,9 @@ void NativeDecoderLayer::eval_cpu(const std::vector<mx::array>& inputs, std::vec
     const float* w2 = post_norm.read(take(sizes[2]));
     float *normed = take(R * D), *q = take(R * nq), *k = take(R * nkv), *v = take(R * nkv), *att = take(R * nq),
           *proj = take(R * D), *gate = take(R * ffn), *up = take(R * ffn), *act = take(R * ffn);
+    const float* qn = head_norms ? q_norm.read(take(sizes[12])) : nullptr;
+    const float* kn = head_norms ? k_norm.read(take(sizes[13])) : nullptr;
+    float *q_normed = take(sizes[14]), *k_normed = take(sizes[15]);
     auto run = [&](int first, int count, const float* x, std::initializer_list<float*> ys) {
       int i = first;
       for (float* y : ys) {
@@ -538,6 +559,12 @@ void NativeDecoderLayer::eval_cpu(const std::vector<mx::array>& inputs, std::vec
     };
     rms_norm_run(hd, w1, normed, R, D, eps);
     run(0, 3, normed, {q, k, v});
+    if (head_norms) {  // each head's q and k normed as rows of the head size, as the separate norms run them
+      rms_norm_run(q, qn, q_normed, R * nq / dim, dim, eps);
+      rms_norm_run(k, kn, k_normed, R * nkv / dim, dim, eps);
+      q = q_normed;
+      k = k_normed;
+    }
     attend_task(job, q, k, v, att);
     run(3, 1, att, {proj});
     for (int64_t i = 0; i < R * D; ++i) out[i] = hd[i] + proj[i];
@@ -555,13 +582,14 @@ void NativeDecoderLayer::eval_gpu(const std::vector<mx::array>&, std::vector<mx:
 
 std::vector<mx::Shape> NativeDecoderLayer::output_shapes(const std::vector<mx::array>& inputs) {
   std::vector<mx::Shape> shapes{inputs[0].shape()};
-  for (size_t i = kLayerBuffers; i < inputs.size(); ++i) shapes.push_back(inputs[i].shape());
+  for (size_t i = first_buffer(head_norms_); i < inputs.size(); ++i) shapes.push_back(inputs[i].shape());
   return shapes;
 }
 
 bool NativeDecoderLayer::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const NativeDecoderLayer&>(other);
-  return eps_ == o.eps_ && quant_ == o.quant_ && rows_ == o.rows_ && scale_ == o.scale_ && rope_ == o.rope_;
+  return eps_ == o.eps_ && quant_ == o.quant_ && head_norms_ == o.head_norms_ && rows_ == o.rows_ &&
+         scale_ == o.scale_ && rope_ == o.rope_;
 }
 
 mx::array swiglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s) {

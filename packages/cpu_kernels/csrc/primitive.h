@@ -90,18 +90,22 @@ struct LayerQuant {
 //   a = rms_norm(h, input_norm, eps); q, k, v = a @ Wq, Wk, Wv; att = attend(q, k, v, ...)
 //   h1 = h + att @ Wo; b = rms_norm(h1, post_norm, eps); out = h1 + swiglu(b @ Wg, b @ Wu) @ Wd
 // h float32 (..., D); weights: (w, scales, biases) for q, k, v, o, gate, up, down in that order
-// (21 arrays, MLX's affine layout, no bias); positions, buffers, rows, scale, inv_freq and rope
-// as attend takes them. Returns [out (h's shape), keys_0, values_0, ...] like attend.
+// (21 arrays, MLX's affine layout, no bias); head_norms: none, or the q and k norms' weights
+// (head size,) applied to each head of q and k before RoPE (Qwen3); positions, buffers, rows,
+// scale, inv_freq and rope as attend takes them. Returns [out (h's shape), keys_0, values_0, ...]
+// like attend.
 std::vector<mx::array> decoder_layer(
     const mx::array& h, const mx::array& input_norm, const mx::array& post_norm, float eps,
-    const std::vector<mx::array>& weights, LayerQuant quant, const mx::array& positions,
-    const std::vector<mx::array>& buffers, std::vector<int> rows, float scale, const mx::array& inv_freq, Rope rope,
-    mx::StreamOrDevice s = {});
+    const std::vector<mx::array>& weights, LayerQuant quant, const std::vector<mx::array>& head_norms,
+    const mx::array& positions, const std::vector<mx::array>& buffers, std::vector<int> rows, float scale,
+    const mx::array& inv_freq, Rope rope, mx::StreamOrDevice s = {});
 
 class NativeDecoderLayer : public mx::Primitive {
  public:
-  NativeDecoderLayer(mx::Stream stream, float eps, LayerQuant quant, std::vector<int> rows, float scale, Rope rope)
-      : mx::Primitive(stream), eps_(eps), quant_(quant), rows_(std::move(rows)), scale_(scale), rope_(rope) {}
+  NativeDecoderLayer(mx::Stream stream, float eps, LayerQuant quant, bool head_norms, std::vector<int> rows, float scale,
+                     Rope rope)
+      : mx::Primitive(stream), eps_(eps), quant_(quant), head_norms_(head_norms), rows_(std::move(rows)), scale_(scale),
+        rope_(rope) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -112,6 +116,7 @@ class NativeDecoderLayer : public mx::Primitive {
  private:
   float eps_;
   LayerQuant quant_;
+  bool head_norms_;  // q and k norms' weights follow the 21 weight arrays
   std::vector<int> rows_;
   float scale_;
   Rope rope_;

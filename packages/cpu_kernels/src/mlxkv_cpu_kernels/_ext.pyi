@@ -43,6 +43,7 @@ def decoder_layer(
     weights: list[mx.array],
     bits: list[int],
     group_sizes: list[int],
+    head_norms: list[mx.array],
     positions: mx.array,
     buffers: list[mx.array],
     rows: list[int],

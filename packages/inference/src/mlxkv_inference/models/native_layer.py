@@ -5,8 +5,9 @@ SwiGLU, two residual adds), ~340 a decode step of the embedded model, and MLX's 
 ~5 us dispatching each. `use_native_layers` gives mlx-lm's llama `TransformerBlock` a forward that
 runs the same kernels in the same order inside one node (csrc/primitive.h `decoder_layer`): the
 same bits as the separate nodes (tests/test_native_layer.py pins it), so nothing in the config
-fingerprint changes. A layer or a cache the fused node does not serve (adapters, biases, q/k
-norms, a RoPE variant the kernel does not know, rotating or quantized caches) runs as before.
+fingerprint changes. Qwen3's blocks too (their q and k normed per head before RoPE, inside the
+node). A layer or a cache the fused node does not serve (adapters, biases, norms of different
+eps, a RoPE variant the kernel does not know, rotating or quantized caches) runs as before.
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ from mlxkv_inference.models.native_norm import NativeRmsNormMixin
 
 __all__ = ["fused_forward", "separate_layers", "use_native_layers"]
 
-_BLOCKS = (("mlx_lm.models.llama", "TransformerBlock"),)
+# mlx-lm blocks whose forward is h = x + attn(norm(x)); out = h + mlp(norm(h)).
+_BLOCKS = (("mlx_lm.models.llama", "TransformerBlock"), ("mlx_lm.models.qwen3", "TransformerBlock"))
 
 
 class NativeLayerMixin:
-    """Mixed into mlx-lm's llama `TransformerBlock`: the layer as one native node where its
-    modules and the cache allow it."""
+    """Mixed into mlx-lm's llama and qwen3 `TransformerBlock`: the layer as one native node where
+    its modules and the cache allow it."""
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         # NOTE: the mask is causal (see NativeAttentionMixin): the kernel applies it itself.
@@ -64,9 +66,10 @@ def fused_forward(layer: Any, h: mx.array, sequences: Sequence[NativeSequence]) 
     weights = [linear[name] for linear in linears for name in ("weight", "scales", "biases")]
     from mlxkv_cpu_kernels import ops
 
+    head_norms = [attn.q_norm["weight"], attn.k_norm["weight"]] if hasattr(attn, "q_norm") else []
     out, *written = ops.decoder_layer(
         h, layer.input_layernorm["weight"], layer.post_attention_layernorm["weight"], layer.input_layernorm.eps,
-        weights, [bits for bits, _ in quant], [group for _, group in quant], first_positions(sequences), buffers,
+        weights, [bits for bits, _ in quant], [group for _, group in quant], head_norms, first_positions(sequences), buffers,
         [s.rows for s in sequences], attn.scale, inv_freq=rope.inv_freq, rope_dims=rope.dims,
         rope_traditional=rope.traditional, rope_scale=rope.scale)
     keep_written(sequences, written)
@@ -111,12 +114,13 @@ def _fused_parts(layer: Any) -> _Parts | None:
 
 
 def _parts_of(input_norm: Any, post_norm: Any, attn: Any, mlp: Any, *linears: Any) -> _Parts | None:
-    norms = (input_norm, post_norm)
-    if not all(isinstance(n, NativeRmsNormMixin) for n in norms) or input_norm.eps != post_norm.eps \
-            or not all(n.weight.dtype == mx.float32 for n in (input_norm, post_norm)):
+    norms: list[Any] = [input_norm, post_norm]
+    if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):  # Qwen3: each head of q and k normed before RoPE
+        norms += [getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)]
+    if not all(isinstance(n, NativeRmsNormMixin) for n in norms) or len({n.eps for n in norms}) > 1 \
+            or not all(n.weight.dtype == mx.float32 for n in norms):
         return None
-    if not uses_native_attention(attn) or hasattr(attn, "q_norm") or kernel_rope(attn.rope) is None \
-            or not isinstance(mlp, NativeSwigluMixin):
+    if not uses_native_attention(attn) or kernel_rope(attn.rope) is None or not isinstance(mlp, NativeSwigluMixin):
         return None
     if not all(type(linear) is NativeQuantizedLinear and "bias" not in linear for linear in linears):
         return None
