@@ -100,30 +100,28 @@ def tiny_llama(bits: dict[str, tuple[int, int]]) -> MlxAutoregressiveBinding:
                                     weights_digest="3", cpu_kernels="native")
 
 
+def assert_separate_layers_give_the_same_bits(binding: MlxAutoregressiveBinding) -> None:
+    """A tiny model's forwards with its 2 layers fused, then again after `separate_layers`."""
+    assert_fused(binding)
+    prompt = make_prompt(23)
+    fused = forwards(binding, prompt)
+    assert native_layer.separate_layers(binding.model) == 2
+    plain = forwards(binding, prompt)
+    for got, want in zip(fused, plain, strict=True):
+        assert np.array_equal(got, want)
+
+
 @pytest.mark.parametrize("bits", [{}, {"o_proj": (8, 64), "down_proj": (8, 128), "v_proj": (4, 32)},
                                   {"q_proj": (8, 32), "k_proj": (8, 32), "v_proj": (8, 32), "up_proj": (8, 64),
                                    "gate_proj": (8, 64)}])
 def test_a_tiny_llama_with_other_quantizations_keeps_its_bits(bits: dict[str, tuple[int, int]]) -> None:
-    binding = tiny_llama(bits)
-    assert_fused(binding)
-    prompt = make_prompt(23)
-    fused = forwards(binding, prompt)
-    assert native_layer.separate_layers(binding.model) == 2
-    plain = forwards(binding, prompt)
-    for got, want in zip(fused, plain, strict=True):
-        assert np.array_equal(got, want)
+    assert_separate_layers_give_the_same_bits(tiny_llama(bits))
 
 
 def test_a_tiny_qwen3_s_layers_norm_q_and_k_per_head_inside_the_node_with_the_same_bits() -> None:
     binding = make_tiny_binding("qwen3", seed=5, native=True)
-    assert_fused(binding)
     assert hasattr(getattr(binding.model, "model").layers[0].self_attn, "q_norm")
-    prompt = make_prompt(23)
-    fused = forwards(binding, prompt)
-    assert native_layer.separate_layers(binding.model) == 2
-    plain = forwards(binding, prompt)
-    for got, want in zip(fused, plain, strict=True):
-        assert np.array_equal(got, want)
+    assert_separate_layers_give_the_same_bits(binding)
 
 
 def test_a_layer_the_node_does_not_serve_runs_its_separate_nodes() -> None:
