@@ -225,7 +225,7 @@ def test_compiled_call_matches_the_eager_one_bitwise() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [("bits", "bits must be 4 or 8"), ("group", "group_size must be"), ("dtype", "x must be float32"),
-     ("features", "features")],
+     ("features", "features"), ("partial_group", "multiple of group_size")],
 )
 def test_bad_arguments_are_value_errors(change: str, message: str) -> None:
     w, scales, biases = quantized(16, 128, 32, 4, mx.float32, seed=13)
@@ -237,6 +237,9 @@ def test_bad_arguments_are_value_errors(change: str, message: str) -> None:
         group = 16
     elif change == "dtype":
         x = x.astype(mx.float16)
+    elif change == "partial_group":  # 40 features: the last group of 32 would be read past its end
+        w, scales, biases = mx.zeros((16, 10), dtype=mx.uint32), mx.zeros((16, 1)), mx.zeros((16, 1))
+        x, bits = rows(2, 40, seed=15), 8
     else:
         x = rows(2, 96, seed=15)
     with pytest.raises(ValueError, match=message):

@@ -138,6 +138,16 @@ def test_compiled_call_matches_the_eager_one_with_the_position_as_an_input() -> 
     assert all(mx.array_equal(a, b).item() for a, b in zip(eager, compiled))
 
 
+def test_positions_and_inv_freq_read_right_through_a_broadcast_or_strided_view() -> None:
+    q, k, v = tensors(2, 4, 2, 16, seed=10)
+    inv_freq = 1.0 / (10000 ** (mx.arange(0, 16, 2, dtype=mx.float32) / 16))
+    dense = ops.attend(q, k, v, mx.array([5, 5], dtype=mx.int32), [*empty(2, 16), *empty(2, 16)], [1, 1], 0.25,
+                       inv_freq=inv_freq, rope_dims=16)
+    views = ops.attend(q, k, v, mx.broadcast_to(mx.array([5], dtype=mx.int32), (2,)), [*empty(2, 16), *empty(2, 16)],
+                       [1, 1], 0.25, inv_freq=mx.repeat(inv_freq, 2)[::2], rope_dims=16)
+    assert all(mx.array_equal(a, b).item() for a, b in zip(dense, views, strict=True))
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ("dtype", "float32"),
     ("heads", "multiple of kv heads"),
@@ -149,6 +159,8 @@ def test_compiled_call_matches_the_eager_one_with_the_position_as_an_input() -> 
     ("no_kv_heads", "(1, Hkv, capacity, D)"),
     ("no_query_heads", "multiple of kv heads"),
     ("inv_freq", "inv_freq"),
+    ("no_capacity", "capacity > 0"),
+    ("capacities", "one capacity"),
 ])
 def test_bad_arguments_are_value_errors(change: str, message: str) -> None:
     q, k, v = tensors(3, 4, 2, 16, seed=9)
@@ -172,6 +184,10 @@ def test_bad_arguments_are_value_errors(change: str, message: str) -> None:
         k, v, buffers = mx.zeros((3, 0, 16)), mx.zeros((3, 0, 16)), empty(0, 16)
     elif change == "no_query_heads":
         q = mx.zeros((3, 0, 16))
+    elif change == "no_capacity":
+        buffers = empty(2, 16, capacity=0)
+    elif change == "capacities":  # values shorter than keys: written at the keys' positions
+        buffers = [empty(2, 16)[0], empty(2, 16, capacity=1)[1]]
     else:
         buffers = [mx.zeros((1, 3, 64, 16)), mx.zeros((1, 3, 64, 16))]
     with pytest.raises(ValueError, match=message):

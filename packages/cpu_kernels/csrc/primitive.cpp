@@ -111,8 +111,12 @@ struct KvBuffer {
 struct AttendJob {
   std::vector<KvBuffer> buffers;
   std::vector<int> rows;
+  // Read in the task (the inputs are computed by then, not at eval_cpu), each 1-D with its own
+  // stride: a broadcast or strided view reads right.
   const int32_t* positions;
+  int64_t positions_stride;
   const float* inv_freq;
+  int64_t inv_freq_stride;
   float scale;
   Rope rope;
   int64_t heads, kv_heads, dim;
@@ -128,9 +132,12 @@ KvGeometry kv_geometry(const mx::array& positions, const std::vector<mx::array>&
   auto fail = [op](bool ok, const std::string& message) { check(ok, message, op); };
   fail(!rows.empty() && buffers.size() == 2 * rows.size(), "need a keys and a values buffer per sequence");
   for (const auto& b : buffers) {
-    fail(b.dtype() == mx::float32 && b.ndim() == 4 && b.shape(0) == 1 && b.shape(1) > 0 &&
+    fail(b.dtype() == mx::float32 && b.ndim() == 4 && b.shape(0) == 1 && b.shape(1) > 0 && b.shape(2) > 0 &&
              b.shape(1) == buffers[0].shape(1) && b.shape(3) == buffers[0].shape(3),
-         "buffers must be float32 of shape (1, Hkv, capacity, D)");
+         "buffers must be float32 of shape (1, Hkv, capacity, D), capacity > 0");
+  }
+  for (size_t s = 0; s + 1 < buffers.size(); s += 2) {
+    fail(buffers[s].shape(2) == buffers[s + 1].shape(2), "a sequence's keys and values buffers must have one capacity");
   }
   const int kv_heads = buffers[0].shape(1), dim = buffers[0].shape(3);
   fail(dim > 0 && dim % 16 == 0 && dim <= 256, "head size must be a multiple of 16, at most 256");
@@ -164,6 +171,7 @@ void check_weight(int64_t features, const mx::array& w, const mx::array& scales,
         "scales and biases must both be float32 or both float16", op);
   const int64_t n = w.shape(0), k = int64_t(w.shape(1)) * 32 / bits;
   check(features == k, "x has " + std::to_string(features) + " features, w packs " + std::to_string(k), op);
+  check(k % group_size == 0, "features (" + std::to_string(k) + ") must be a multiple of group_size", op);
   const mx::Shape param_shape{int(n), int(k / group_size)};
   check(scales.shape() == param_shape && biases.shape() == param_shape,
         "scales and biases must have shape (N, K / group_size)", op);
@@ -336,6 +344,12 @@ std::vector<KvBuffer> kv_outputs(const std::vector<mx::array>& inputs, size_t in
 // Copies the buffers not donated, rotates q and k in place (RoPE, when rope.dims > 0), writes each
 // sequence's new rows into its buffers and attends causally into out (attention.h).
 void attend_task(const AttendJob& job, float* q, float* k, const float* v, float* out) {
+  thread_local std::vector<int64_t> positions;
+  thread_local std::vector<float> inv_freq;
+  positions.resize(job.rows.size());
+  for (size_t s = 0; s < job.rows.size(); ++s) positions[s] = job.positions[int64_t(s) * job.positions_stride];
+  inv_freq.resize(size_t(job.rope.dims / 2));
+  for (int i = 0; i < job.rope.dims / 2; ++i) inv_freq[size_t(i)] = job.inv_freq[i * job.inv_freq_stride];
   for (const auto& b : job.buffers) {
     if (!b.copy) continue;
     if (b.dense) {
@@ -349,8 +363,8 @@ void attend_task(const AttendJob& job, float* q, float* k, const float* v, float
     int64_t row = 0;
     for (size_t s = 0; s < job.rows.size(); ++s) {
       for (int j = 0; j < job.rows[s]; ++j, ++row) {
-        rotate(job.rope, job.inv_freq, job.positions[s] + j, q + row * heads * dim, heads, dim);
-        rotate(job.rope, job.inv_freq, job.positions[s] + j, k + row * kv_heads * dim, kv_heads, dim);
+        rotate(job.rope, inv_freq.data(), positions[s] + j, q + row * heads * dim, heads, dim);
+        rotate(job.rope, inv_freq.data(), positions[s] + j, k + row * kv_heads * dim, kv_heads, dim);
       }
     }
   }
@@ -362,7 +376,7 @@ void attend_task(const AttendJob& job, float* q, float* k, const float* v, float
     const int64_t capacity = kb.shape[2];
     // NOTE: the caller reserves the capacity; a position past it (a bug upstream) writes and
     // attends only what fits rather than running off the buffer.
-    const int64_t position = std::clamp<int64_t>(job.positions[s], 0, capacity - 1);
+    const int64_t position = std::clamp<int64_t>(positions[s], 0, capacity - 1);
     const int64_t n = std::min<int64_t>(job.rows[s], capacity - position);
     for (int64_t j = 0; j < n; ++j) {
       for (int64_t g = 0; g < kv_heads; ++g) {
@@ -391,8 +405,8 @@ void NativeAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector
   int64_t total_rows = 0;
   for (int n : rows_) total_rows += n;
   const int64_t heads = int64_t(inputs[0].size()) / (total_rows * dim);
-  AttendJob job{std::move(buffers), rows_, inputs[3].data<int32_t>(), inputs[4].data<float>(), scale_, rope_,
-                heads, kv_heads, dim};
+  AttendJob job{std::move(buffers), rows_, inputs[3].data<int32_t>(), inputs[3].strides(0), inputs[4].data<float>(),
+                inputs[4].strides(0), scale_, rope_, heads, kv_heads, dim};
   encoder.dispatch([q = Floats::of(inputs[0]), k = Floats::of(inputs[1]), v = Floats::of(inputs[2]),
                     out = outputs[0].data<float>(), job = std::move(job)]() {
     // q and k rotate in place: in scratch, never in the caller's arrays.
@@ -521,8 +535,8 @@ void NativeDecoderLayer::eval_cpu(const std::vector<mx::array>& inputs, std::vec
       a.bits = quant_.bits[p];
     }
   }
-  AttendJob job{std::move(buffers), rows_, inputs[3].data<int32_t>(), inputs[4].data<float>(), scale_, rope_,
-                products[0].N / dim, kv_heads, dim};
+  AttendJob job{std::move(buffers), rows_, inputs[3].data<int32_t>(), inputs[3].strides(0), inputs[4].data<float>(),
+                inputs[4].strides(0), scale_, rope_, products[0].N / dim, kv_heads, dim};
   encoder.dispatch([h = Floats::of(h), input_norm = Floats::of(inputs[1]), post_norm = Floats::of(inputs[2]), q_norm,
                     k_norm, head_norms = head_norms_, out = outputs[0].data<float>(), products, job = std::move(job),
                     eps = eps_, R, D]() mutable {
