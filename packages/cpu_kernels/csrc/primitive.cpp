@@ -392,21 +392,31 @@ void attend_task(const AttendJob& job, float* q, float* k, const float* v, float
   attention_run(args);
 }
 
+// What attend's and decoder_layer's eval_cpu share: registers the inputs and outputs with the
+// stream's encoder, allocates output 0, gives outputs 1.. the KV buffers (inputs from
+// `buffers_at`, donated where they can be), and returns attend_task's job (positions and inv_freq
+// at inputs 3 and 4; the caller sets its query heads).
+AttendJob encode_attention(mx::cpu::CommandEncoder& encoder, const std::vector<mx::array>& inputs,
+                           std::vector<mx::array>& outputs, size_t buffers_at, const std::vector<int>& rows, float scale,
+                           Rope rope) {
+  release_sibling_inputs(inputs, outputs);
+  for (const auto& in : inputs) encoder.set_input_array(in);
+  outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
+  std::vector<KvBuffer> buffers = kv_outputs(inputs, buffers_at, outputs, 1);
+  for (auto& out : outputs) encoder.set_output_array(out);
+  const mx::array &positions = inputs[3], &inv_freq = inputs[4];
+  return {std::move(buffers), rows, positions.data<int32_t>(), positions.strides(0), inv_freq.data<float>(),
+          inv_freq.strides(0), scale, rope, 0, inputs[buffers_at].shape(1), inputs[buffers_at].shape(3)};
+}
+
 }  // namespace
 
 void NativeAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
-  release_sibling_inputs(inputs, outputs);
   auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& in : inputs) encoder.set_input_array(in);
-  outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
-  std::vector<KvBuffer> buffers = kv_outputs(inputs, kFirstBuffer, outputs, 1);
-  for (auto& out : outputs) encoder.set_output_array(out);
-  const int64_t kv_heads = inputs[kFirstBuffer].shape(1), dim = inputs[kFirstBuffer].shape(3);
+  AttendJob job = encode_attention(encoder, inputs, outputs, kFirstBuffer, rows_, scale_, rope_);
   int64_t total_rows = 0;
   for (int n : rows_) total_rows += n;
-  const int64_t heads = int64_t(inputs[0].size()) / (total_rows * dim);
-  AttendJob job{std::move(buffers), rows_, inputs[3].data<int32_t>(), inputs[3].strides(0), inputs[4].data<float>(),
-                inputs[4].strides(0), scale_, rope_, heads, kv_heads, dim};
+  job.heads = int64_t(inputs[0].size()) / (total_rows * job.dim);
   encoder.dispatch([q = Floats::of(inputs[0]), k = Floats::of(inputs[1]), v = Floats::of(inputs[2]),
                     out = outputs[0].data<float>(), job = std::move(job)]() {
     // q and k rotate in place: in scratch, never in the caller's arrays.
@@ -506,16 +516,10 @@ std::vector<mx::array> decoder_layer(
 }
 
 void NativeDecoderLayer::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
-  release_sibling_inputs(inputs, outputs);
   auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& in : inputs) encoder.set_input_array(in);
-  outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
-  const size_t buffers_at = first_buffer(head_norms_);
-  std::vector<KvBuffer> buffers = kv_outputs(inputs, buffers_at, outputs, 1);
-  for (auto& out : outputs) encoder.set_output_array(out);
+  AttendJob job = encode_attention(encoder, inputs, outputs, first_buffer(head_norms_), rows_, scale_, rope_);
   const mx::array& h = inputs[0];
   const int64_t D = h.shape().back(), R = int64_t(h.size()) / D;
-  const int64_t kv_heads = inputs[buffers_at].shape(1), dim = inputs[buffers_at].shape(3);
   // No head norms: empty reads (Floats of the h input, never read).
   const Floats q_norm = Floats::of(inputs[head_norms_ ? kHeadNorms : 0]);
   const Floats k_norm = Floats::of(inputs[head_norms_ ? kHeadNorms + 1 : 0]);
@@ -535,8 +539,7 @@ void NativeDecoderLayer::eval_cpu(const std::vector<mx::array>& inputs, std::vec
       a.bits = quant_.bits[p];
     }
   }
-  AttendJob job{std::move(buffers), rows_, inputs[3].data<int32_t>(), inputs[3].strides(0), inputs[4].data<float>(),
-                inputs[4].strides(0), scale_, rope_, products[0].N / dim, kv_heads, dim};
+  job.heads = products[0].N / job.dim;
   encoder.dispatch([h = Floats::of(h), input_norm = Floats::of(inputs[1]), post_norm = Floats::of(inputs[2]), q_norm,
                     k_norm, head_norms = head_norms_, out = outputs[0].data<float>(), products, job = std::move(job),
                     eps = eps_, R, D]() mutable {
