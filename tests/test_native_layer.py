@@ -147,7 +147,7 @@ def test_bad_arguments_are_value_errors(change: str, message: str) -> None:
     layer: Any = getattr(binding.model, "model").layers[0]
     parts = native_layer._fused_parts(layer)
     assert parts is not None
-    _, linears, quant = parts
+    _, _, linears, quant = parts
     weights = [linear[name] for linear in linears for name in ("weight", "scales", "biases")]
     args: dict[str, Any] = {
         "h": mx.zeros((2, 1, 128)), "input_norm": layer.input_layernorm.weight, "post_norm": layer.post_attention_layernorm.weight,

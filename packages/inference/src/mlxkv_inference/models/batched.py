@@ -92,9 +92,7 @@ def decode_batch(model: nn.Module, tokens: mx.array, caches: Sequence[Sequence[L
     h: mx.array = inner.embed_tokens(tokens.reshape(-1, 1))
     for index, layer in enumerate(inner.layers):
         layer_caches = [row[index] for row in caches]
-        sequences = [native_sequence(cache, b - a) for (a, b), cache in zip(spans, layer_caches, strict=True)]
-        fused = fused_forward(layer, h, [s for s in sequences if s is not None]) \
-            if all(s is not None for s in sequences) else None
+        fused = fused_forward(layer, h, layer_caches, [b - a for a, b in spans])
         if fused is not None:
             h = fused
         else:

@@ -22,7 +22,7 @@ from mlxkv_inference.cache.kv import PlainKVCache
 from mlxkv_inference.cache.slots import PlainKvDecodeSlot
 from mlxkv_inference.models.cpu_kernels import project
 
-__all__ = ["attend_rows", "first_positions", "keep_written", "native_sequence", "uses_native_attention", "use_native_attention"]
+__all__ = ["attend_rows", "first_positions", "head_dim", "keep_written", "native_sequence", "uses_native_attention", "use_native_attention"]
 
 NATIVE_ATTENTION = "attention native/2"  # what the config fingerprint records (see binding.config_fingerprint)
 _MAX_HEAD_DIM = 256
@@ -165,7 +165,7 @@ def use_native_attention(model: nn.Module, config: dict[str, Any]) -> bool:
         return False
     layers = list(inner.layers)
     attn = layers[0].self_attn
-    dim = _head_dim(attn)
+    dim = head_dim(attn)
     probe = inner.embed_tokens(mx.array([[0]]))
     if probe.dtype != mx.float32 or dim % 16 or dim > _MAX_HEAD_DIM or attn.n_heads % attn.n_kv_heads \
             or attn.n_heads // attn.n_kv_heads > _MAX_GROUP:
@@ -184,6 +184,6 @@ def uses_native_attention(attn: Any) -> bool:
     return isinstance(attn, NativeAttentionMixin)
 
 
-def _head_dim(attn: Any) -> int:
+def head_dim(attn: Any) -> int:
     # q_proj's weight is (heads * head size, features), packed along features only.
     return int(getattr(attn, "head_dim", None) or attn.q_proj.weight.shape[0] // attn.n_heads)

@@ -21,8 +21,9 @@ import mlx.nn as nn
 from mlxkv_inference.models.cpu_kernels import NativeQuantizedLinear
 from mlxkv_inference.models.mixins import mix_into
 from mlxkv_inference.models.native_attention import (
-    NativeSequence,
+    KernelRope,
     first_positions,
+    head_dim,
     keep_written,
     kernel_rope,
     native_sequence,
@@ -43,26 +44,26 @@ class NativeLayerMixin:
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         # NOTE: the mask is causal (see NativeAttentionMixin): the kernel applies it itself.
-        sequence = native_sequence(cache, x.shape[1]) if x.shape[0] == 1 else None
-        fused = fused_forward(self, x, [sequence]) if sequence is not None else None
+        fused = fused_forward(self, x, [cache], [x.shape[1]]) if x.shape[0] == 1 else None
         if fused is None:
             out: mx.array = super().__call__(x, mask=mask, cache=cache)  # type: ignore[misc]
             return out
         return fused
 
 
-def fused_forward(layer: Any, h: mx.array, sequences: Sequence[NativeSequence]) -> mx.array | None:
-    """The layer's output for the rows of `h` (sequence i owns the next `sequences[i].rows`), its
-    new keys and values kept in the sequences' caches; None (nothing done) where the fused node
-    does not serve this layer."""
+def fused_forward(layer: Any, h: mx.array, caches: Sequence[Any], rows: Sequence[int]) -> mx.array | None:
+    """The layer's output for the rows of `h` (cache i's sequence owns the next `rows[i]`), its
+    new keys and values kept in the caches; None (nothing done) where the fused node does not
+    serve this layer or one of the caches."""
     parts = _fused_parts(layer) if isinstance(layer, NativeLayerMixin) else None
     if parts is None or h.dtype != mx.float32:
         return None
-    attn, linears, quant = parts
-    rope = kernel_rope(attn.rope)
-    assert rope is not None  # checked by _fused_parts
-    dim = attn.q_proj.weight.shape[0] // attn.n_heads
-    buffers = [b for s in sequences for b in s.buffers(attn.n_kv_heads, dim)]
+    found = [native_sequence(cache, n) for cache, n in zip(caches, rows, strict=True)]
+    sequences = [s for s in found if s is not None]
+    if len(sequences) < len(found):
+        return None
+    attn, rope, linears, quant = parts
+    buffers = [b for s in sequences for b in s.buffers(attn.n_kv_heads, head_dim(attn))]
     weights = [linear[name] for linear in linears for name in ("weight", "scales", "biases")]
     from mlxkv_cpu_kernels import ops
 
@@ -70,8 +71,8 @@ def fused_forward(layer: Any, h: mx.array, sequences: Sequence[NativeSequence]) 
     out, *written = ops.decoder_layer(
         h, layer.input_layernorm["weight"], layer.post_attention_layernorm["weight"], layer.input_layernorm.eps,
         weights, [bits for bits, _ in quant], [group for _, group in quant], head_norms, first_positions(sequences), buffers,
-        [s.rows for s in sequences], attn.scale, inv_freq=rope.inv_freq, rope_dims=rope.dims,
-        rope_traditional=rope.traditional, rope_scale=rope.scale)
+        list(rows), attn.scale, inv_freq=rope.inv_freq, rope_dims=rope.dims, rope_traditional=rope.traditional,
+        rope_scale=rope.scale)
     keep_written(sequences, written)
     return out
 
@@ -94,12 +95,12 @@ def separate_layers(model: nn.Module) -> int:
     return changed
 
 
-_Parts = tuple[Any, list[Any], list[tuple[int, int]]]
+_Parts = tuple[Any, KernelRope, list[Any], list[tuple[int, int]]]
 
 
 def _fused_parts(layer: Any) -> _Parts | None:
-    """(attention, the seven linears q k v o gate up down, (bits, group size) of q/k/v, o,
-    gate/up and down) when the fused node computes exactly what the layer's modules do; worked out
+    """(attention, its RoPE as the kernel applies it, the seven linears q k v o gate up down, (bits,
+    group size) of q/k/v, o, gate/up and down) when the fused node computes exactly what the layer's modules do; worked out
     once per set of modules (~20 us, 30 layers a step) and again when one is swapped (an adapter)."""
     # Modules are dicts of their children: item lookups, a fraction of attribute lookups' cost.
     attn, mlp = layer["self_attn"], layer["mlp"]
@@ -120,11 +121,12 @@ def _parts_of(input_norm: Any, post_norm: Any, attn: Any, mlp: Any, *linears: An
     if not all(isinstance(n, NativeRmsNormMixin) for n in norms) or len({n.eps for n in norms}) > 1 \
             or not all(n.weight.dtype == mx.float32 for n in norms):
         return None
-    if not uses_native_attention(attn) or kernel_rope(attn.rope) is None or not isinstance(mlp, NativeSwigluMixin):
+    rope = kernel_rope(attn.rope)
+    if not uses_native_attention(attn) or rope is None or not isinstance(mlp, NativeSwigluMixin):
         return None
     if not all(type(linear) is NativeQuantizedLinear and "bias" not in linear for linear in linears):
         return None
     groups = (linears[0:3], linears[3:4], linears[4:6], linears[6:7])
     if any(len({(m.bits, m.group_size, m["scales"].dtype) for m in group}) > 1 for group in groups):
         return None
-    return attn, list(linears), [(group[0].bits, group[0].group_size) for group in groups]
+    return attn, rope, list(linears), [(group[0].bits, group[0].group_size) for group in groups]
