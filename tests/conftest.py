@@ -9,8 +9,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-# Nothing the tests run (in process or as a subprocess) may touch the user's own cache directory.
-os.environ["MLXKV_CACHE_DIR"] = tempfile.mkdtemp(prefix="mlxkv-test-cache-")
+# Nothing the tests run (in process or as a subprocess) may touch the user's own cache directory;
+# this one goes when the test process exits.
+_CACHE_DIR = tempfile.TemporaryDirectory(prefix="mlxkv-test-cache-")
+os.environ["MLXKV_CACHE_DIR"] = _CACHE_DIR.name
 
 from mlxkv_inference import MlxAutoregressiveBinding, load_binding
 

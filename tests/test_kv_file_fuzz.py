@@ -18,7 +18,8 @@ from tests.factories import make_plain_caches
 
 import mlx.core as mx
 
-_WORK = Path(tempfile.mkdtemp(prefix="mlxkv-fuzz-"))
+_WORK_DIR = tempfile.TemporaryDirectory(prefix="mlxkv-fuzz-")  # removed when the test process exits
+_WORK = Path(_WORK_DIR.name)
 
 
 def _valid_file() -> bytes:

@@ -79,20 +79,22 @@ def main() -> None:
     args = parser.parse_args()
     binding = load_binding()
     prompts = [encode_chat(binding.tokenizer, m).tokens for m in conversation(args.turns, args.tool_lines)]
-    directory = Path(tempfile.mkdtemp(prefix="mlxkv-multiturn-"))
-    print(f"model {binding.model_id}: {args.turns} turns, prompts {len(prompts[0])} -> {len(prompts[-1])} tokens, {args.gen_tokens} generated a turn")
-    ours = run_ours(binding, prompts, directory, args.gen_tokens)
-    theirs = run_mlx_lm(binding, prompts, args.gen_tokens)
-    print(f"  {'turn':>4} {'prompt':>7} {'mlxkv ttft s':>13} {'mlx-lm ttft s':>14}")
-    for i, (p, a, b) in enumerate(zip(prompts, ours, theirs)):
-        print(f"  {i + 1:4d} {len(p):7d} {a:13.2f} {b:14.2f}")
-    mean_a, mean_b = statistics.mean(ours), statistics.mean(theirs)
-    print(f"  mean ttft: mlxkv {mean_a:.2f} s, mlx-lm LRUPromptCache {mean_b:.2f} s, ratio mlx-lm/mlxkv {mean_b / mean_a:.2f}x")
-    # Restart: new tiers over the same directory (RAM empty), the conversation's last prompt again.
-    last = prompts[-1]
-    restarted = run_ours(binding, [last], directory, args.gen_tokens)[0]
-    cold = run_ours(binding, [last], Path(tempfile.mkdtemp(prefix="mlxkv-cold-")), args.gen_tokens)[0]
-    print(f"  after restart, turn {args.turns} again ({len(last)} tokens): mlxkv {restarted:.2f} s vs cold prefill {cold:.2f} s ({cold / restarted:.0f}x)")
+    with tempfile.TemporaryDirectory(prefix="mlxkv-multiturn-") as scratch, \
+            tempfile.TemporaryDirectory(prefix="mlxkv-cold-") as cold_scratch:  # the stores go with them
+        directory = Path(scratch)
+        print(f"model {binding.model_id}: {args.turns} turns, prompts {len(prompts[0])} -> {len(prompts[-1])} tokens, {args.gen_tokens} generated a turn")
+        ours = run_ours(binding, prompts, directory, args.gen_tokens)
+        theirs = run_mlx_lm(binding, prompts, args.gen_tokens)
+        print(f"  {'turn':>4} {'prompt':>7} {'mlxkv ttft s':>13} {'mlx-lm ttft s':>14}")
+        for i, (p, a, b) in enumerate(zip(prompts, ours, theirs)):
+            print(f"  {i + 1:4d} {len(p):7d} {a:13.2f} {b:14.2f}")
+        mean_a, mean_b = statistics.mean(ours), statistics.mean(theirs)
+        print(f"  mean ttft: mlxkv {mean_a:.2f} s, mlx-lm LRUPromptCache {mean_b:.2f} s, ratio mlx-lm/mlxkv {mean_b / mean_a:.2f}x")
+        # Restart: new tiers over the same directory (RAM empty), the conversation's last prompt again.
+        last = prompts[-1]
+        restarted = run_ours(binding, [last], directory, args.gen_tokens)[0]
+        cold = run_ours(binding, [last], Path(cold_scratch), args.gen_tokens)[0]
+        print(f"  after restart, turn {args.turns} again ({len(last)} tokens): mlxkv {restarted:.2f} s vs cold prefill {cold:.2f} s ({cold / restarted:.0f}x)")
 
 
 if __name__ == "__main__":

@@ -58,28 +58,29 @@ def main() -> None:
     binding = load_binding()
     identity = KvIdentity(binding.model_id, binding.tokenizer_hash, binding.config_fingerprint)
     text_ids = binding.tokenizer.encode(TEXT * 400)
-    work = Path(tempfile.mkdtemp(prefix="mlxkv-bench-"))
-    print(f"model {binding.model_id}; KV dtype float32; MB = 1e6 bytes")
-    for n in (int(s) for s in args.sizes.split(",")):
-        prompt = text_ids[:n]
-        assert len(prompt) == n, f"need a longer text for {n} tokens"
-        caches = binding.make_cache()
-        start = time.perf_counter()
-        binding.prefill(prompt, caches)
-        prefill_s = time.perf_counter() - start
-        kv_bytes = sum(c.nbytes for c in caches) * n // max(1, caches[0].keys.shape[2])  # type: ignore[union-attr]
-        print(f"\n{n} tokens: re-prefill {prefill_s:.2f} s ({n / prefill_s:.1f} tok/s); KV {kv_bytes / 1e6:.1f} MB")
-        print(f"  {'codec':15} {'file MB':>8} {'write MB/s':>10} {'restore ms':>10} {'restore MB/s':>12} {'raw read MB/s':>13} {'restore/raw':>11} {'prefill/restore':>15}")
-        for name, policy in POLICIES.items():
-            path = work / f"{n}-{name}.mlxkv"
-            header = build_header(identity, prompt, "", None)
-            write_s = median_s(lambda: write_file_atomically(path, header, caches, policy=policy), repeats=1)
-            size = path.stat().st_size
-            restore_s = median_s(lambda: mx.eval([c.state for c in read_file(path)[1]]))
-            raw_s = raw_read_s(size, work)
-            print(f"  {name:15} {size / 1e6:8.1f} {size / 1e6 / write_s:10.0f} {restore_s * 1000:10.1f} "
-                  f"{size / 1e6 / restore_s:12.0f} {size / 1e6 / raw_s:13.0f} {raw_s / restore_s:11.2f} {prefill_s / restore_s:15.0f}x")
-            path.unlink()
+    with tempfile.TemporaryDirectory(prefix="mlxkv-bench-") as scratch:  # the files go with it
+        work = Path(scratch)
+        print(f"model {binding.model_id}; KV dtype float32; MB = 1e6 bytes")
+        for n in (int(s) for s in args.sizes.split(",")):
+            prompt = text_ids[:n]
+            assert len(prompt) == n, f"need a longer text for {n} tokens"
+            caches = binding.make_cache()
+            start = time.perf_counter()
+            binding.prefill(prompt, caches)
+            prefill_s = time.perf_counter() - start
+            kv_bytes = sum(c.nbytes for c in caches) * n // max(1, caches[0].keys.shape[2])  # type: ignore[union-attr]
+            print(f"\n{n} tokens: re-prefill {prefill_s:.2f} s ({n / prefill_s:.1f} tok/s); KV {kv_bytes / 1e6:.1f} MB")
+            print(f"  {'codec':15} {'file MB':>8} {'write MB/s':>10} {'restore ms':>10} {'restore MB/s':>12} {'raw read MB/s':>13} {'restore/raw':>11} {'prefill/restore':>15}")
+            for name, policy in POLICIES.items():
+                path = work / f"{n}-{name}.mlxkv"
+                header = build_header(identity, prompt, "", None)
+                write_s = median_s(lambda: write_file_atomically(path, header, caches, policy=policy), repeats=1)
+                size = path.stat().st_size
+                restore_s = median_s(lambda: mx.eval([c.state for c in read_file(path)[1]]))
+                raw_s = raw_read_s(size, work)
+                print(f"  {name:15} {size / 1e6:8.1f} {size / 1e6 / write_s:10.0f} {restore_s * 1000:10.1f} "
+                      f"{size / 1e6 / restore_s:12.0f} {size / 1e6 / raw_s:13.0f} {raw_s / restore_s:11.2f} {prefill_s / restore_s:15.0f}x")
+                path.unlink()
 
 
 if __name__ == "__main__":

@@ -49,38 +49,39 @@ def main() -> None:
     binding = load_binding()
     prompt = binding.tokenizer.encode(PROMPT)
     params = GenerationParams(max_tokens=args.tokens, sampling=SamplingParams(temperature=0.8, seed=7), ignore_eos=True)
-    directory = Path(tempfile.mkdtemp(prefix="mlxkv-bench-resume-"))
-    store = SsdCacheStore(directory, identity(binding), 1 << 30)
-    writer = CheckpointWriter(SsdColdTier(store))
-    decode_tps(binding, prompt[:4], GenerationParams(max_tokens=4), None, 0)  # warm-up
-    on, off = [], []
-    for _ in range(args.repeats):
-        off.append(decode_tps(binding, prompt, params, None, 0))
-        on.append(decode_tps(binding, prompt, params, writer, args.every))
-    writer.close(60)
-    print(f"model {binding.model_id}: {len(prompt)}-token prompt, {args.tokens} tokens, checkpoint every {args.every}; {args.repeats} runs each")
-    print(f"  decode off {statistics.median(off):.2f} tok/s  on {statistics.median(on):.2f} tok/s  "
-          f"ratio on/off {statistics.median(on) / statistics.median(off):.3f}x")
+    with tempfile.TemporaryDirectory(prefix="mlxkv-bench-resume-") as work:  # the store goes with it
+        directory = Path(work)
+        store = SsdCacheStore(directory, identity(binding), 1 << 30)
+        writer = CheckpointWriter(SsdColdTier(store))
+        decode_tps(binding, prompt[:4], GenerationParams(max_tokens=4), None, 0)  # warm-up
+        on, off = [], []
+        for _ in range(args.repeats):
+            off.append(decode_tps(binding, prompt, params, None, 0))
+            on.append(decode_tps(binding, prompt, params, writer, args.every))
+        writer.close(60)
+        print(f"model {binding.model_id}: {len(prompt)}-token prompt, {args.tokens} tokens, checkpoint every {args.every}; {args.repeats} runs each")
+        print(f"  decode off {statistics.median(off):.2f} tok/s  on {statistics.median(on):.2f} tok/s  "
+              f"ratio on/off {statistics.median(on) / statistics.median(off):.3f}x")
 
-    # A restart: a fresh store over the directory, the newest checkpoint, the first resumed token.
-    start = time.perf_counter()
-    restored = SsdCacheStore(directory, identity(binding), 1 << 30).load_checkpoint(KEY)
-    assert restored is not None and restored.generation_checkpoint is not None
-    checkpoint = restored.generation_checkpoint
-    resumed = Generation(binding, prompt, params, caches=restored.caches,
-                         resume=ResumePoint(checkpoint.generated_tokens, checkpoint.pending_token))
-    stream = iter(resumed)
-    for delta in stream:  # replayed text comes first, then the pending token
-        if delta.step is not None:
-            break
-    resume_s = time.perf_counter() - start
-    k = len(checkpoint.generated_tokens)
-    start = time.perf_counter()
-    scratch = Generation(binding, prompt, GenerationParams(max_tokens=k + 1, sampling=params.sampling, ignore_eos=True))
-    scratch.run()
-    scratch_s = time.perf_counter() - start
-    print(f"  restart -> first resumed token (token {k + 1}): {resume_s * 1000:.0f} ms; "
-          f"regenerating {k + 1} tokens from scratch: {scratch_s:.2f} s ({scratch_s / resume_s:.0f}x)")
+        # A restart: a fresh store over the directory, the newest checkpoint, the first resumed token.
+        start = time.perf_counter()
+        restored = SsdCacheStore(directory, identity(binding), 1 << 30).load_checkpoint(KEY)
+        assert restored is not None and restored.generation_checkpoint is not None
+        checkpoint = restored.generation_checkpoint
+        resumed = Generation(binding, prompt, params, caches=restored.caches,
+                             resume=ResumePoint(checkpoint.generated_tokens, checkpoint.pending_token))
+        stream = iter(resumed)
+        for delta in stream:  # replayed text comes first, then the pending token
+            if delta.step is not None:
+                break
+        resume_s = time.perf_counter() - start
+        k = len(checkpoint.generated_tokens)
+        start = time.perf_counter()
+        scratch = Generation(binding, prompt, GenerationParams(max_tokens=k + 1, sampling=params.sampling, ignore_eos=True))
+        scratch.run()
+        scratch_s = time.perf_counter() - start
+        print(f"  restart -> first resumed token (token {k + 1}): {resume_s * 1000:.0f} ms; "
+              f"regenerating {k + 1} tokens from scratch: {scratch_s:.2f} s ({scratch_s / resume_s:.0f}x)")
 
 
 if __name__ == "__main__":

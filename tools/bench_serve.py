@@ -167,14 +167,14 @@ def paired_ratio(mine: list[float], theirs: list[float]) -> float:
 
 
 @contextmanager
-def mlxkv_server(max_batch: int, *extra: str) -> Iterator[ServerProcess]:
-    """`mlxkv serve` with the CLI's defaults (native CPU kernels where built), no prompt cache."""
-    server = ServerProcess(Path(tempfile.mkdtemp(prefix="mlxkv-bench-serve-")) / "cache", "--no-ssd-cache",
-                           "--prompt-cache-bytes", "0", "--max-batch", str(max_batch), *extra)
-    try:
-        yield server
-    finally:
-        server.stop()
+def mlxkv_server(*extra: str) -> Iterator[ServerProcess]:
+    """`mlxkv serve` with the CLI's defaults (native CPU kernels where built) but `extra`, no prompt cache."""
+    with tempfile.TemporaryDirectory(prefix="mlxkv-bench-serve-") as scratch:  # its log goes with it
+        server = ServerProcess(Path(scratch) / "cache", "--no-ssd-cache", "--prompt-cache-bytes", "0", *extra)
+        try:
+            yield server
+        finally:
+            server.stop()
 
 
 @contextmanager
@@ -198,8 +198,8 @@ def batching(args: argparse.Namespace) -> None:
     fields: dict[str, Any] = {"temperature": args.temperature, **({"top_p": args.top_p} if args.top_p < 1 else {}),
                               **({"logit_bias": bias} if bias else {})}
     with contextlib.ExitStack() as stack:
-        urls = {"--max-batch 1": stack.enter_context(mlxkv_server(1, *extra)).url,
-                "--max-batch 8": stack.enter_context(mlxkv_server(8, *extra)).url}
+        urls = {"--max-batch 1": stack.enter_context(mlxkv_server("--max-batch", "1", *extra)).url,
+                "--max-batch 8": stack.enter_context(mlxkv_server("--max-batch", "8", *extra)).url}
         if args.reference:
             urls["mlx_lm.server"] = stack.enter_context(mlx_lm_server()).url
         health = httpx.get(urls["--max-batch 8"] + "/health", timeout=30).json()
@@ -247,7 +247,7 @@ def server_options(args: argparse.Namespace) -> tuple[str, ...]:
 
 def long_prefill_only(long_prompt: int, rounds: int, extra: Sequence[str]) -> None:
     """The TTFT-under-long-prefill measurement alone, on one `--max-batch 8` server."""
-    with mlxkv_server(8, *extra) as server:
+    with mlxkv_server("--max-batch", "8", *extra) as server:
         http_run(server.url, "Hi", 2)  # warm-up: compiled step, first-use allocations
         prefill = long_prefill(server.url, long_prompt, rounds)
     print_long_prefill(long_prompt, *prefill)
@@ -361,8 +361,7 @@ def main() -> None:
     binding = load_binding(cpu_kernels=default_cpu_kernels())  # the kernels `mlxkv serve` runs by default
     local = [in_process_run(binding, p, args.max_tokens) for p in PROMPTS]
     del binding
-    server = ServerProcess(Path(tempfile.mkdtemp(prefix="mlxkv-bench-serve-")) / "cache", "--no-ssd-cache", "--prompt-cache-bytes", "0")
-    try:
+    with mlxkv_server() as server:
         http_run(server.url, "Hi", 2)  # warm-up: compiled step
         remote = [http_run(server.url, p, args.max_tokens) for p in PROMPTS]
         results: list[tuple[float, float, int]] = []
@@ -374,8 +373,6 @@ def main() -> None:
         for t in threads:
             t.join()
         concurrent_s = time.perf_counter() - start
-    finally:
-        server.stop()
     print(f"{len(PROMPTS)} prompts, greedy, up to {args.max_tokens} tokens; no prompt cache on either side")
     print(f"  {'prompt':6} {'tokens':>6} {'ttft in-proc':>12} {'ttft http':>10} {'decode in-proc':>15} {'decode http':>12}")
     for i, (a, b) in enumerate(zip(local, remote)):
