@@ -147,6 +147,47 @@ def test_a_full_queue_answers_429_with_retry_after_and_the_rest_complete() -> No
     assert requests_with_status(values, "429") == 3 and requests_with_status(values, "500") == 0
 
 
+def test_requests_whose_clients_left_while_queued_free_their_places_at_once() -> None:
+    binding = make_tiny_binding("llama", binding_class=GatedBinding)
+    assert isinstance(binding, GatedBinding)
+    engine = LocalEngine(binding, None, max_queue=2)
+    results: list[int] = []
+
+    def post() -> None:
+        results.append(httpx.post(url + CHAT, json={"messages": MESSAGES, "max_tokens": 2}, timeout=WAIT_S).status_code)
+
+    body = json.dumps({"messages": MESSAGES, "max_tokens": 2}).encode()
+    try:
+        with serve(engine) as url:
+            clients = [threading.Thread(target=post)]
+            clients[0].start()
+            wait_for(binding.entered.is_set, "the first request running")
+            host, port = url.removeprefix("http://").split(":")
+            leaving = [socket.create_connection((host, int(port)), timeout=WAIT_S) for _ in range(2)]
+            for sock in leaving:
+                sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                             f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            wait_for(lambda: metric_values(url)["mlxkv_queue_depth[]"] == 2, "two requests queued")
+            for sock in leaving:
+                sock.close()
+            # The batch is still held by the first request: the two places free up as their
+            # clients are seen gone, not when the batch has room.
+            wait_for(lambda: metric_values(url)["mlxkv_queue_depth[]"] == 0, "the requests whose clients left taken out")
+            for _ in range(2):
+                clients.append(threading.Thread(target=post))
+                clients[-1].start()
+            wait_for(lambda: metric_values(url)["mlxkv_queue_depth[]"] == 2, "two new requests queued")
+            binding.gate.set()
+            for client in clients:
+                client.join(WAIT_S)
+            values = metric_values(url)
+    finally:
+        binding.gate.set()
+        engine.close(30)
+    assert sorted(results) == [200, 200, 200]
+    assert requests_with_status(values, "429") == 0 and requests_with_status(values, "500") == 0
+
+
 @pytest.fixture(scope="module")
 def tiny_engine() -> Iterator[ServeEngine]:
     engine = LocalEngine(make_tiny_binding("llama"), None)

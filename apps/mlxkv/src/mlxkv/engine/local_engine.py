@@ -188,8 +188,9 @@ class LocalEngine:
 
     # -- ServeEngine ------------------------------------------------------------------------
     def submit(self, request: GenerateRequest) -> _Handle:
-        if self._queue.qsize() >= self.max_queue:
-            raise QueueFullError(f"{self._queue.qsize()} requests are already waiting (the limit is {self.max_queue}); "
+        waiting = self._waiting()
+        if waiting >= self.max_queue:
+            raise QueueFullError(f"{waiting} requests are already waiting (the limit is {self.max_queue}); "
                                  "retry later", RETRY_AFTER_S)
         tools = tool_use(request)
         prompt, history_end = self._encode(request, tools)
@@ -225,7 +226,26 @@ class LocalEngine:
         return replace(default, mode=mode, num_draft_tokens=asked.num_draft_tokens or default.num_draft_tokens)
 
     def queue_depth(self) -> int:
-        return self._queue.qsize()
+        return self._waiting()
+
+    def _waiting(self) -> int:
+        """Requests waiting in the queue, after taking out those cancelled while they waited (their
+        clients left): they end now, not when the batch has room, and hold no place a live
+        request could take."""
+        with self._queue.mutex:
+            queued = self._queue.queue
+            cancelled = [job for job in queued if job is not None and job.handle.cancelled.is_set()]
+            for job in cancelled:
+                queued.remove(job)
+            waiting = sum(1 for job in queued if job is not None)
+        for job in cancelled:
+            self._end_cancelled(job)
+        return waiting
+
+    def _end_cancelled(self, job: _Job) -> None:
+        """A request cancelled before it started: its status and its stream's end."""
+        self._update(job, GenerationStatus.cancel)
+        job.handle.push(Finished("cancelled", None, len(job.prompt), 0, 0, 0, job.handle.generation_id, 0.0))
 
     def batch_size(self) -> int:
         return len(self._scheduler.running)
@@ -382,8 +402,7 @@ class LocalEngine:
         """Start a request in the scheduler (None when it was cancelled while it waited, or failed)."""
         handle = job.handle
         if handle.cancelled.is_set():
-            self._update(job, GenerationStatus.cancel)
-            handle.push(Finished("cancelled", None, len(job.prompt), 0, 0, 0, handle.generation_id, 0.0))
+            self._end_cancelled(job)
             return None
         self._update(job, GenerationStatus.run)
         try:
