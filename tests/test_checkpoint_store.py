@@ -129,7 +129,7 @@ def test_the_engine_resumes_a_drafting_generation_with_its_draft_caches(tmp_path
 
 async def collect(engine: LocalEngine, request: GenerateRequest) -> tuple[str, Finished]:
     text = ""
-    async for event in engine.submit(request).events():
+    async for event in (await engine.submit(request)).events():
         if isinstance(event, Delta):
             text += event.text
         elif isinstance(event, Finished):

@@ -160,7 +160,7 @@ async def first_answers(engine: LocalEngine, binding: GatedBinding, requests: li
 
     async def run(index: int) -> None:
         text = ""
-        async for event in engine.submit(requests[index]).events():
+        async for event in (await engine.submit(requests[index])).events():
             if isinstance(event, Delta):
                 text += event.text
             elif isinstance(event, Finished):
@@ -198,7 +198,7 @@ def test_the_engine_stops_a_long_prompts_chunk_for_a_request_that_arrives() -> N
 
 async def first_answers_alone(engine: LocalEngine, request: GenerateRequest) -> str:
     text = ""
-    async for event in engine.submit(request).events():
+    async for event in (await engine.submit(request)).events():
         if isinstance(event, Delta):
             text += event.text
         elif isinstance(event, Finished):

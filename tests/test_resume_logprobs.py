@@ -33,7 +33,7 @@ class CrashAfterCheckpoint(LocalEngine):
 
 
 async def collect(engine: LocalEngine, request: GenerateRequest) -> tuple[list[TokenLogprob], str, Finished]:
-    handle = engine.submit(request)
+    handle = await engine.submit(request)
     logprobs: list[TokenLogprob] = []
     text = ""
     async for event in handle.events():

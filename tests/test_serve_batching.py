@@ -34,7 +34,7 @@ def requests() -> list[GenerateRequest]:
 
 async def answer(engine: LocalEngine, request: GenerateRequest, cancel_after: int | None = None,
                  first: asyncio.Event | None = None) -> Answer:
-    handle = engine.submit(request)
+    handle = await engine.submit(request)
     tokens: list[tuple[str, float]] = []
     async for event in handle.events():
         if isinstance(event, Delta):
@@ -119,10 +119,10 @@ async def decode_while_a_read_waits(engine: LocalEngine, cold: GatedColdTier, ca
     getting tokens while that read is held. Returns (tokens the long one got meanwhile, the other's end)."""
     long_request = GenerateRequest(max_tokens=400, prompt_tokens=tuple(make_prompt(6, seed=50)),
                                    sampling=Sampling(temperature=0, logit_bias={EOS_ID: -100.0}))
-    running = engine.submit(long_request)
+    running = await engine.submit(long_request)
     events = running.events()
     assert isinstance(await anext(events), Delta)
-    waiting = engine.submit(GenerateRequest(max_tokens=4, prompt_tokens=tuple(cached_prompt + [7, 8]), sampling=Sampling(temperature=0)))
+    waiting = await engine.submit(GenerateRequest(max_tokens=4, prompt_tokens=tuple(cached_prompt + [7, 8]), sampling=Sampling(temperature=0)))
     meanwhile = 0
     while meanwhile < 20:  # with the read held, the worker keeps decoding the long generation
         assert isinstance(await anext(events), Delta)

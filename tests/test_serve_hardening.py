@@ -293,3 +293,51 @@ def test_a_client_leaving_a_stream_is_counted_as_a_disconnect() -> None:
         binding.gate.set()
         engine.close(30)
     assert requests_with_status(values, "500") == 0 and values["mlxkv_generation_failures_total[]"] == 0
+
+
+def test_a_prompt_being_tokenized_holds_up_no_other_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    binding = make_tiny_binding("llama")
+    tokenizer = binding.tokenizer
+    encode, entered, finished, gate = tokenizer.encode, threading.Event(), threading.Event(), threading.Event()
+
+    def slow_encode(text: str, **kwargs: Any) -> list[int]:  # a prompt of megabytes, as the server sees it
+        if text == "a long prompt":
+            entered.set()
+            gate.wait(WAIT_S / 4)
+            finished.set()
+        return encode(text, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "encode", slow_encode)
+    engine = LocalEngine(binding, None)
+    statuses: list[int] = []
+    try:
+        with serve(engine) as url:
+            body = {"prompt": "a long prompt", "max_tokens": 2}
+            slow = threading.Thread(target=lambda: statuses.append(httpx.post(url + "/v1/completions", json=body, timeout=WAIT_S).status_code))
+            slow.start()
+            wait_for(entered.is_set, "the long prompt being tokenized")
+            health = httpx.get(url + "/health", timeout=WAIT_S)
+            other = httpx.post(url + "/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 2}, timeout=WAIT_S)
+            answered_while_tokenizing = not finished.is_set()
+            gate.set()
+            slow.join(WAIT_S)
+    finally:
+        gate.set()
+        engine.close(30)
+    assert health.status_code == 200 and other.status_code == 200
+    assert answered_while_tokenizing
+    assert statuses == [200]
+
+
+def test_without_max_tokens_the_default_shrinks_to_what_the_context_leaves(tiny_engine: ServeEngine) -> None:
+    assert isinstance(tiny_engine, LocalEngine)
+    room = 3
+    prompt = [5 + i % 50 for i in range(tiny_engine.context_length - room)]
+    with serve(tiny_engine) as url:
+        fitted = httpx.post(url + "/v1/completions", json={"prompt": prompt}, timeout=WAIT_S)
+        asked = httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": room + 1}, timeout=WAIT_S)
+        full = httpx.post(url + "/v1/completions", json={"prompt": prompt + [5] * room}, timeout=WAIT_S)
+    assert fitted.status_code == 200, fitted.text
+    assert fitted.json()["usage"]["completion_tokens"] <= room
+    assert asked.status_code == 400 and asked.json()["error"]["code"] == "context_length_exceeded"
+    assert full.status_code == 400 and full.json()["error"]["code"] == "context_length_exceeded"

@@ -20,7 +20,7 @@ from mlxkv_serve.streaming import collect, failure, guarded, sse, submit
 async def messages(request: Request) -> Response:
     state: ServerState = request.app.state.mlxkv
     parsed = parse_messages(await read_json(request, state.config.max_body_bytes), state.config)
-    handle = submit(state.engine, parsed.generate)
+    handle = await submit(state.engine, parsed.generate)
     headers = {"x-mlxkv-generation-id": handle.generation_id}
     if parsed.stream:
         return StreamingResponse(guarded(request, state, handle, _stream(state, handle)), media_type="text/event-stream", headers=headers)

@@ -82,6 +82,9 @@ class GenerateRequest:
 
     max_tokens: int
     sampling: Sampling
+    # `max_tokens` is the server's default, not the client's: the engine lowers it to the room the
+    # prompt leaves in the context instead of refusing a prompt that fits.
+    default_max_tokens: bool = False
     messages: tuple[ChatMessage, ...] | None = None
     prompt: str | None = None
     prompt_tokens: tuple[int, ...] | None = None
@@ -178,9 +181,10 @@ class ServeEngine(Protocol):
     @property
     def model_id(self) -> str: ...
 
-    def submit(self, request: GenerateRequest) -> GenerationHandle:
+    async def submit(self, request: GenerateRequest) -> GenerationHandle:
         """Queue a generation; raises `ValueError` (or `PromptTooLongError`) for a bad request,
-        `QueueFullError` when too many requests wait."""
+        `QueueFullError` when too many requests wait. Work that grows with the prompt
+        (tokenizing) must not hold up the event loop."""
         ...
 
     def queue_depth(self) -> int:

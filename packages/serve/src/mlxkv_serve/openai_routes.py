@@ -35,7 +35,7 @@ async def _complete(request: Request, *, chat: bool) -> Response:
     state: ServerState = request.app.state.mlxkv
     body = await read_json(request, state.config.max_body_bytes)
     parsed = (parse_chat if chat else parse_completion)(body, state.config)
-    handle = submit(state.engine, parsed.generate)
+    handle = await submit(state.engine, parsed.generate)
     headers = {"x-mlxkv-generation-id": handle.generation_id}
     ids = _Ids(("chatcmpl-" if chat else "cmpl-") + handle.generation_id, int(time.time()), state.engine.model_id, chat)
     if parsed.stream:

@@ -40,7 +40,7 @@ def parse_chat(body: Any, config: ServeConfig) -> OpenAiRequest:
         raise RequestError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
     max_tokens = f.integer("max_completion_tokens", None, 1, config.max_tokens_limit)
     if max_tokens is None:
-        max_tokens = f.integer("max_tokens", config.default_max_tokens, 1, config.max_tokens_limit)
+        max_tokens = f.integer("max_tokens", None, 1, config.max_tokens_limit)
     return _request(f, config, max_tokens, top, messages=chat)
 
 
@@ -60,7 +60,7 @@ def parse_completion(body: Any, config: ServeConfig) -> OpenAiRequest:
     else:
         raise RequestError(400, "'prompt' must be a string or a list of token ids (one prompt per request)", "prompt")
     lp = f.integer("logprobs", None, 0, 5)
-    max_tokens = f.integer("max_tokens", config.default_max_tokens, 1, config.max_tokens_limit)
+    max_tokens = f.integer("max_tokens", None, 1, config.max_tokens_limit)
     if f.body.get("tools") or f.body.get("tool_choice") is not None:
         raise RequestError(400, "tools are for /v1/chat/completions; a completion has no chat template to offer them", "tools")
     if f.body.get("echo"):
@@ -69,6 +69,7 @@ def parse_completion(body: Any, config: ServeConfig) -> OpenAiRequest:
 
 
 def _request(f: Fields, config: ServeConfig, max_tokens: int | None, top: int | None, **prompt: Any) -> OpenAiRequest:
+    """`max_tokens` None: the client gave none (the server's default, within the context)."""
     refuse_unsupported(f.body, OPENAI)
     if f.integer("n", 1, 1, 1_000_000) != 1:
         raise RequestError(400, "'n' must be 1: one choice per request", "n")
@@ -76,7 +77,6 @@ def _request(f: Fields, config: ServeConfig, max_tokens: int | None, top: int | 
     if options is not None and not isinstance(options, dict):
         raise RequestError(400, "'stream_options' must be an object", "stream_options")
     include_usage = bool(options and options.get("include_usage") is True)
-    assert max_tokens is not None
     sampling = Sampling(
         temperature=f.number("temperature", config.default_temperature, 0.0, 2.0),
         top_p=f.number("top_p", config.default_top_p, 0.0, 1.0, low_open=True),
@@ -91,7 +91,8 @@ def _request(f: Fields, config: ServeConfig, max_tokens: int | None, top: int | 
     tools, choice, name = _tools(f.body)
     constraint = _response_format(f.body.get("response_format")) or tool_fields.extension(f.body)
     tool_fields.only_one(constraint, bool(tools) and choice != "none", "response_format")
-    generate = GenerateRequest(max_tokens=max_tokens, sampling=sampling, stop=f.stop("stop", MAX_STOP), top_logprobs=top,
+    generate = GenerateRequest(max_tokens=config.default_max_tokens if max_tokens is None else max_tokens,
+                               default_max_tokens=max_tokens is None, sampling=sampling, stop=f.stop("stop", MAX_STOP), top_logprobs=top,
                                constraint=constraint, tools=tools, tool_choice=choice, tool_name=name,
                                parallel_tool_calls=f.boolean("parallel_tool_calls", True),
                                speculative=speculation(f.body), **prompt)

@@ -18,9 +18,9 @@ log = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.5
 
 
-def submit(engine: ServeEngine, request: GenerateRequest) -> GenerationHandle:
+async def submit(engine: ServeEngine, request: GenerateRequest) -> GenerationHandle:
     try:
-        return engine.submit(request)
+        return await engine.submit(request)
     except PromptTooLongError as e:
         raise RequestError(400, str(e), "messages" if request.messages is not None else "prompt", "context_length_exceeded") from None
     except ValueError as e:

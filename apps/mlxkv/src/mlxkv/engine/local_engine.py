@@ -187,16 +187,35 @@ class LocalEngine:
         return self.binding.model_id
 
     # -- ServeEngine ------------------------------------------------------------------------
-    def submit(self, request: GenerateRequest) -> _Handle:
+    async def submit(self, request: GenerateRequest) -> _Handle:
+        self._check_room()
+        # Tokenizing (and compiling a grammar) runs off the event loop: a prompt of megabytes
+        # takes seconds, which every other client's stream would wait for (the tokenizer lets
+        # go of the GIL while it works).
+        prompt, history_end, params, key, tools = await asyncio.to_thread(self._prepare, request)
+        self._check_room()  # other requests may have queued meanwhile
+        handle = _Handle(uuid.uuid4().hex[:24], len(prompt), asyncio.get_running_loop())
+        self._remember(GenerationStatus(handle.generation_id, time.time(), len(prompt)))
+        self._queue.put(_Job(handle, prompt, history_end, params, request.top_logprobs, key, tools))
+        return handle
+
+    def _check_room(self) -> None:
         waiting = self._waiting()
         if waiting >= self.max_queue:
             raise QueueFullError(f"{waiting} requests are already waiting (the limit is {self.max_queue}); "
                                  "retry later", RETRY_AFTER_S)
+
+    def _prepare(self, request: GenerateRequest) -> tuple[list[int], int | None, GenerationParams, str, ToolUse]:
+        """(prompt, its history's end, params, request key, tools): the request as the worker runs
+        it; raises what `submit` documents for a bad one."""
         tools = tool_use(request)
         prompt, history_end = self._encode(request, tools)
-        if len(prompt) + request.max_tokens > self.context_length:
+        max_tokens = request.max_tokens
+        if request.default_max_tokens:  # the server's default, not the client's: as much as the context leaves
+            max_tokens = max(1, min(max_tokens, self.context_length - len(prompt)))
+        if len(prompt) + max_tokens > self.context_length:
             raise PromptTooLongError(
-                f"the prompt has {len(prompt)} tokens and {request.max_tokens} more were requested; "
+                f"the prompt has {len(prompt)} tokens and {max_tokens} more were requested; "
                 f"the model's context is {self.context_length} tokens"
             )
         s = request.sampling
@@ -207,14 +226,9 @@ class LocalEngine:
         grammar = tools.grammar or (Grammar(request.constraint.kind, request.constraint.source) if request.constraint else None)
         if grammar is not None:
             compile_grammar(grammar, self.binding.tokenizer)  # a grammar that does not compile is the caller's 400
-        params = replace(self.base_params, max_tokens=request.max_tokens, sampling=sampling, stop=request.stop, grammar=grammar,
+        params = replace(self.base_params, max_tokens=max_tokens, sampling=sampling, stop=request.stop, grammar=grammar,
                          speculative=self._speculation(request.speculative))
-        handle = _Handle(uuid.uuid4().hex[:24], len(prompt), asyncio.get_running_loop())
-        key = request_key(self._identity, "", prompt, params, request.top_logprobs)
-        job = _Job(handle, prompt, history_end, params, request.top_logprobs, key, tools)
-        self._remember(GenerationStatus(handle.generation_id, time.time(), len(prompt)))
-        self._queue.put(job)
-        return handle
+        return prompt, history_end, params, request_key(self._identity, "", prompt, params, request.top_logprobs), tools
 
     def _speculation(self, asked: Speculation) -> SpeculativeParams:
         """The request's `speculative` field over the server's defaults (a 400 when it asks for a

@@ -87,7 +87,9 @@ class GgufTokenizer:
         return self._bos
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
+        # encode_batch lets go of the GIL while it works (encode holds it: a megabyte prompt
+        # tokenized on a server's worker thread would stall its event loop for seconds).
+        ids: list[int] = self._tok.encode_batch([text], add_special_tokens=False)[0].ids
         if add_special_tokens and self._add_bos and self._bos is not None:
             ids.insert(0, self._bos)
         return ids
