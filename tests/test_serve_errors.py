@@ -279,3 +279,35 @@ def test_api_key_protects_everything_but_health(locked: TestClient) -> None:
     assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
     assert locked.get("/v1/models", headers={"authorization": "Bearer s3cret"}).status_code == 200
     assert locked.get("/metrics", headers={"x-api-key": "s3cret"}).status_code == 200
+
+
+def test_one_model_is_retrieved_by_its_id_and_another_id_is_a_404(client: TestClient) -> None:
+    served = client.get("/v1/models").json()["data"][0]
+    assert client.get(f"/v1/models/{served['id']}").json() == served
+    missing = client.get("/v1/models/gpt-4o")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "model_not_found" and served["id"] in missing.json()["error"]["message"]
+
+
+PREFLIGHT = {"access-control-request-method": "POST", "access-control-request-headers": "authorization, content-type"}
+
+
+def test_browsers_on_local_pages_may_call_the_api_others_only_when_allowed(locked: TestClient,
+                                                                              embedded: MlxAutoregressiveBinding) -> None:
+    for origin in ("http://localhost:3000", "http://127.0.0.1:8080", "https://localhost", "http://[::1]:5173"):
+        # a preflight carries no API key: answered before the key check
+        allowed = locked.options(CHAT, headers={"origin": origin, **PREFLIGHT})
+        assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == origin, origin
+        refused = locked.get("/v1/models", headers={"origin": origin})  # a refusal the page can read
+        assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == origin
+    for origin in ("https://evil.example", "http://localhost.evil.example", "http://127.0.0.1.evil.example:80"):
+        assert locked.options(CHAT, headers={"origin": origin, **PREFLIGHT}).status_code == 400, origin
+        assert "access-control-allow-origin" not in locked.get("/v1/models", headers={"origin": origin}).headers
+    engine = LocalEngine(embedded, None)
+    for origins, origin, echoed in ((("https://chat.example",), "https://chat.example", "https://chat.example"),
+                                    (("*",), "https://any.example", "*")):
+        config = ServeConfig(vocab_size=embedded.tokenizer.vocab_size, cors_origins=origins)
+        with TestClient(build_app(engine, config), raise_server_exceptions=False) as open_to:
+            assert open_to.options(CHAT, headers={"origin": origin, **PREFLIGHT}).status_code == 200
+            assert open_to.get("/v1/models", headers={"origin": origin}).headers["access-control-allow-origin"] == echoed
+    engine.close(30)

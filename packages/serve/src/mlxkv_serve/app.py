@@ -7,13 +7,14 @@ import logging
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mlxkv_serve import admin_routes, anthropic_routes, openai_routes
-from mlxkv_serve.config import ServeConfig
+from mlxkv_serve.config import LOCAL_ORIGINS, ServeConfig
 from mlxkv_serve.engine import ServeEngine
 from mlxkv_serve.errors import ClientGone, RequestError, error_response
 from mlxkv_serve.metrics import ServerMetrics
@@ -27,6 +28,7 @@ ROUTES = [
     Route("/v1/chat/completions", openai_routes.chat_completions, methods=["POST"]),
     Route("/v1/completions", openai_routes.completions, methods=["POST"]),
     Route("/v1/models", openai_routes.models, methods=["GET"]),
+    Route("/v1/models/{model_id:path}", openai_routes.model, methods=["GET"]),
     Route("/v1/messages", anthropic_routes.messages, methods=["POST"]),
     Route("/health", admin_routes.health, methods=["GET"]),
     Route("/metrics", admin_routes.metrics, methods=["GET"]),
@@ -46,13 +48,20 @@ def build_app(engine: ServeEngine, config: ServeConfig) -> Starlette:
     )
     app.state.mlxkv = state
     app.add_middleware(_Gate, state=state)
+    # Outermost: a browser's preflight carries no API key, and refusals need the CORS headers too.
+    app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_origin_regex=LOCAL_ORIGINS,
+                       allow_methods=["GET", "POST"], allow_headers=["*"],
+                       expose_headers=["x-mlxkv-generation-id", "retry-after"])
     return app
 
 
 def endpoint_label(path: str) -> str:
     if path in KNOWN_PATHS:
         return path
-    return "/v1/generations/{id}" if path.startswith("/v1/generations/") else "other"
+    for prefix, label in (("/v1/generations/", "/v1/generations/{id}"), ("/v1/models/", "/v1/models/{id}")):
+        if path.startswith(prefix):
+            return label
+    return "other"
 
 
 class _Gate:

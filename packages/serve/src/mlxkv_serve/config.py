@@ -18,6 +18,9 @@ class ServeConfig:
     flush_timeout_s: float = 30.0
     # None: any Host header. A loopback server lists the names it answers to (DNS rebinding guard).
     allowed_hosts: frozenset[str] | None = None
+    # Browser origins (CORS) allowed besides the local ones (`LOCAL_ORIGINS`); "*" allows any web
+    # page the user opens to call the API, as mlx_lm.server does.
+    cors_origins: tuple[str, ...] = ()
     # What runs the model's matmuls, reported by /health (set by the app that loads the model).
     cpu_kernels: str = "unknown"
     blas: str = "unknown"
@@ -29,6 +32,10 @@ class ServeConfig:
             raise ValueError(f"max body bytes={self.max_body_bytes} must be >= 1024")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("the API key is empty; give a non-empty key, or none to serve without one")
+
+
+# Pages served from this machine (a local chat front-end on any port) may call the API from a browser.
+LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 
 
 def loopback_hosts(host: str) -> frozenset[str] | None:

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from mlxkv_serve.body import read_json
 from mlxkv_serve.engine import Delta, Failed, Finished, GenerationHandle, TokenLogprob
-from mlxkv_serve.errors import error_body
+from mlxkv_serve.errors import RequestError, error_body
 from mlxkv_serve.openai_schema import OpenAiRequest, parse_chat, parse_completion
 from mlxkv_serve.state import ServerState
 from mlxkv_serve.streaming import collect, failure, guarded, sse, submit
@@ -26,9 +26,21 @@ async def completions(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [_model(request.app.state.mlxkv)]})
+
+
+async def model(request: Request) -> Response:
+    """The served model by its id (the OpenAI client's `models.retrieve`); any other id is a 404."""
     state: ServerState = request.app.state.mlxkv
-    model = {"id": state.engine.model_id, "object": "model", "created": state.started, "owned_by": "mlxkv"}
-    return JSONResponse({"object": "list", "data": [model]})
+    asked = request.path_params["model_id"]
+    if asked != state.engine.model_id:
+        raise RequestError(404, f"the model '{asked}' does not exist; this server serves '{state.engine.model_id}'",
+                           "model", "model_not_found")
+    return JSONResponse(_model(state))
+
+
+def _model(state: ServerState) -> dict[str, object]:
+    return {"id": state.engine.model_id, "object": "model", "created": state.started, "owned_by": "mlxkv"}
 
 
 async def _complete(request: Request, *, chat: bool) -> Response:

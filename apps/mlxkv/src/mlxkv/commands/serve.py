@@ -51,6 +51,10 @@ def register(sub: Any) -> None:
     parser.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
     parser.add_argument("--api-key", default=None, metavar="KEY",
                         help="require this key (Authorization: Bearer KEY or x-api-key: KEY) on every route but /health")
+    parser.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN", dest="cors_origins",
+                        help="let web pages from ORIGIN (e.g. https://chat.example.com) call the API from a browser; "
+                        "repeat for more; '*' lets any page the user opens call it (mlx_lm.server's behaviour). Pages "
+                        "from localhost, 127.0.0.1 and [::1] on any port may always")
     parser.add_argument("--max-tokens", type=int, default=512, help="max tokens when a request gives none (default: 512)")
     parser.add_argument("--temp", type=float, default=0.0, help="temperature when a request gives none (default: 0)")
     parser.add_argument("--top-p", type=float, default=1.0, help="top-p when a request gives none (default: 1)")
@@ -101,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
     config = ServeConfig(
         vocab_size=binding.tokenizer.vocab_size, default_max_tokens=args.max_tokens, default_temperature=args.temp,
         default_top_p=args.top_p, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
-        allowed_hosts=loopback_hosts(args.host), cpu_kernels=runtime["cpu_kernels"], blas=runtime["blas"],
+        allowed_hosts=loopback_hosts(args.host), cors_origins=tuple(args.cors_origins), cpu_kernels=runtime["cpu_kernels"],
+        blas=runtime["blas"],
     )
     app = build_app(engine, config)
     where = args.ssd_cache if args.ssd_cache is not None else "off"
