@@ -38,7 +38,9 @@ def test_parser_reads_calls_of_declared_tools_and_keeps_the_rest_as_text() -> No
     text = CALL + '\n<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>'
     assert split_tool_calls(text, TOOLS, "g") == ("", (ToolCall("g_0", "get_time", '{"zone": "utc"}'),))
     cut = '<tool_call>\n{"name": "get_time", "argu'
-    assert split_tool_calls(cut, TOOLS, "g") == (cut, ())
+    assert split_tool_calls(cut, TOOLS, "g") == ("", ())  # the markup of a call cut short is no answer
+    assert split_tool_calls("<tool_", TOOLS, "g") == ("", ())
+    assert split_tool_calls(CALL + "\n" + cut, TOOLS, "g") == ("", (ToolCall("g_0", "get_time", '{"zone": "utc"}'),))
     assert split_tool_calls("Sure. " + CALL, TOOLS, "g") == ("Sure. " + CALL, ())  # free text (the grammar's other branch)
 
 
@@ -152,3 +154,19 @@ def test_anthropic_streamed_tool_use_carries_input_json_deltas(base_url: str) ->
     assert final.stop_reason == "tool_use" and "input_json" in kinds and uses and {b.name for b in uses} == {"get_weather"}
     for block in uses:
         valid_call(block.name, block.input)
+
+
+@pytest.mark.parametrize("max_tokens", [6, 40])
+def test_calls_cut_short_by_max_tokens_finish_with_length_and_no_markup(base_url: str, max_tokens: int) -> None:
+    """(One byte a token) 6 cut the call inside its tag, 40 inside its JSON: the answer did not end
+    by itself, and no `<tool_call>` text reaches the client."""
+    client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(model="m", messages=ASK, tools=OPENAI_TOOLS, tool_choice="required", max_tokens=max_tokens)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "length" and not choice.message.content
+    for call in choice.message.tool_calls or []:
+        valid_call(call.function.name, json.loads(call.function.arguments))  # type: ignore[union-attr]
+    claude = anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0)
+    message = claude.messages.create(model="m", max_tokens=max_tokens, messages=ASK, tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"})
+    assert message.stop_reason == "max_tokens"
+    assert not any(block.type == "text" and "<tool_call>" in block.text for block in message.content)

@@ -460,7 +460,9 @@ class LocalEngine:
         cached = min(result.cached_tokens, result.prompt_tokens)
         resumed = result.cached_tokens - cached
         self._update(job, lambda s: s.finish(result.finish_reason, result.generated_tokens, cached, result.seed))
-        handle.push(Finished("tool_calls" if calls else result.finish_reason, generation.stop_string, result.prompt_tokens,
+        # Calls end the answer only when it ended by itself: cut by max_tokens, it says "length".
+        finish_reason = "tool_calls" if calls and result.finish_reason == "stop" else result.finish_reason
+        handle.push(Finished(finish_reason, generation.stop_string, result.prompt_tokens,
                              result.generated_tokens, cached, result.seed, handle.generation_id, entry.first or 0.0, resumed, calls,
                              result.draft_tokens, result.accepted_tokens))
 

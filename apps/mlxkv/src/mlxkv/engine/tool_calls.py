@@ -87,12 +87,13 @@ class ToolAnswer:
 
 
 def split_tool_calls(text: str, tools: Sequence[Tool], id_prefix: str) -> tuple[str, tuple[ToolCall, ...]]:
-    """The well-formed calls of declared tools in an answer that starts with a call (as the grammar
-    has it), and the text left; text is returned whole when it holds no such call.
+    """(text, calls) of an answer: one that starts with a call (the grammar's call branch) is
+    calls only, its well-formed calls of declared tools; other text is returned whole.
 
-    A call that is cut short (the answer ran out of tokens) or names no declared tool stays text.
+    A call cut short (the answer ran out of tokens) is dropped, not returned as text: the markup is
+    this format's, not the model's answer (the finish reason says the answer was cut).
     """
-    if not text.startswith(OPEN):
+    if not text.startswith(OPEN) and not OPEN.startswith(text):  # (cut inside the first tag: a call too)
         return text, ()
     names = {t.name for t in tools}
     calls: list[ToolCall] = []
@@ -103,9 +104,7 @@ def split_tool_calls(text: str, tools: Sequence[Tool], id_prefix: str) -> tuple[
             continue
         if isinstance(call, dict) and call.get("name") in names and isinstance(call.get("arguments"), dict):
             calls.append(ToolCall(f"{id_prefix}_{len(calls)}", call["name"], json.dumps(call["arguments"], ensure_ascii=False)))
-    if not calls:
-        return text, ()
-    return text[: text.index(OPEN)].strip(), tuple(calls)
+    return "", tuple(calls)
 
 
 def chat_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool], template_takes_tools: bool) -> list[dict[str, Any]]:
