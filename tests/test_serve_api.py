@@ -105,6 +105,20 @@ def test_logprobs_are_returned(oai: openai.OpenAI) -> None:
     assert all(len(c.top_logprobs) == 2 and c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob for c in content)
 
 
+def test_logprob_bytes_of_tokens_holding_parts_of_characters_join_back_into_the_text(base_url: str) -> None:
+    japanese = [{"role": "user", "content": "日本語の文章：東京は"}]
+    reply = httpx.post(base_url + "/v1/chat/completions", json={"messages": japanese, "max_tokens": 12, "logprobs": True,
+                                                                "top_logprobs": 1}, timeout=60).json()
+    content = reply["choices"][0]["logprobs"]["content"]
+    assert any(item["token"] == "\ufffd" for item in content)  # the answer has tokens that are parts of characters
+    joined = b"".join(bytes(item["bytes"]) for item in content)
+    assert joined.decode("utf-8", "ignore") == reply["choices"][0]["message"]["content"]
+    completion = httpx.post(base_url + "/v1/completions", json={"prompt": "日本語の文章：東京は", "max_tokens": 12, "logprobs": 1},
+                            timeout=60).json()["choices"][0]
+    offsets, text = completion["logprobs"]["text_offset"], completion["text"]
+    assert offsets == sorted(offsets) and offsets[0] == 0 and offsets[-1] < len(text)
+
+
 def test_anthropic_messages_stream_and_not(claude: anthropic.Anthropic) -> None:
     message = claude.messages.create(model="m", max_tokens=24, messages=QUESTION)  # type: ignore[arg-type]
     assert message.content[0].text == "The capital of France is Paris."  # type: ignore[union-attr]

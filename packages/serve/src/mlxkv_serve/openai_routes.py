@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -136,9 +137,11 @@ def _chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
 
 
 def _completion_logprobs(items: list[TokenLogprob], offset: int) -> dict[str, Any]:
-    offsets, at = [], offset
+    """`text_offset`: where each token starts in the text, `offset` characters in (a token that
+    continues a character starts where that character does)."""
+    offsets, decoder = [], codecs.getincrementaldecoder("utf-8")("ignore")  # holds a character's first bytes
     for lp in items:
-        offsets.append(at)
-        at += len(lp.token)
+        offsets.append(offset)
+        offset += len(decoder.decode(bytes(lp.bytes)))
     return {"tokens": [lp.token for lp in items], "token_logprobs": [lp.logprob for lp in items],
             "top_logprobs": [{t: v for t, v, _ in lp.top} for lp in items], "text_offset": offsets}

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from mlxkv_inference import TokenStep
+from mlxkv_inference.engine.constraint import llg_tokenizer
 from mlxkv_inference.engine.generate import CheckpointState
 from mlxkv_inference.tokenizer.protocol import Tokenizer
 from mlxkv_serve import TokenLogprob
@@ -24,8 +25,24 @@ def measure(logprobs: mx.array, token: int, top: int) -> TokenLogprobs:
 
 def render(tokenizer: Tokenizer, token: int, measured: TokenLogprobs) -> TokenLogprob:
     text = tokenizer.decode([token])
-    alternatives = tuple((alt, lp, tuple(alt.encode())) for alt, lp in ((tokenizer.decode([i]), lp) for i, lp in measured.top))
-    return TokenLogprob(text, measured.logprob, tuple(text.encode()), alternatives)
+    alternatives = tuple((alt, lp, token_bytes(tokenizer, i, alt)) for alt, lp, i in
+                         ((tokenizer.decode([i]), lp, i) for i, lp in measured.top))
+    return TokenLogprob(text, measured.logprob, token_bytes(tokenizer, token, text), alternatives)
+
+
+def token_bytes(tokenizer: Tokenizer, token: int, text: str) -> tuple[int, ...]:
+    """The bytes `token` stands for (`text`: its decoded text). A token holding part of a
+    character decodes to U+FFFD: its own bytes come from the vocabulary (via llguidance's view of
+    it), so a client can join a character's pieces back together, as the `bytes` field is for."""
+    if REPLACEMENT not in text:
+        return tuple(text.encode())
+    try:
+        return tuple(llg_tokenizer(tokenizer).decode_bytes([token]))
+    except ValueError:  # no `tokenizers` backend to read the vocabulary from
+        return tuple(text.encode())
+
+
+REPLACEMENT = "\ufffd"
 
 
 @dataclass(slots=True)
