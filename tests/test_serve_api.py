@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
@@ -13,7 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mlxkv.engine.cache_services import build_tiers
 from mlxkv.engine.local_engine import LocalEngine
-from mlxkv_inference import MlxAutoregressiveBinding
+from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding
+from mlxkv_inference.tokenizer.chat import encode_chat
 from mlxkv_serve import ServeConfig, build_app
 from tests.serving import running
 
@@ -117,6 +119,22 @@ def test_logprob_bytes_of_tokens_holding_parts_of_characters_join_back_into_the_
                             timeout=60).json()["choices"][0]
     offsets, text = completion["logprobs"]["text_offset"], completion["text"]
     assert offsets == sorted(offsets) and offsets[0] == 0 and offsets[-1] < len(text)
+
+
+def test_anthropic_answer_continues_a_final_assistant_message(claude: anthropic.Anthropic, embedded: MlxAutoregressiveBinding) -> None:
+    ask, start = "Give me a JSON object for a cat with name and age.", '{"name": "'
+    turns: Any = [{"role": "user", "content": ask}, {"role": "assistant", "content": start}]
+    prompt = encode_chat(embedded.tokenizer, turns[:1], answer_start=start).tokens
+    assert prompt == embedded.tokenizer.encode(embedded.tokenizer.apply_chat_template(turns[:1]) + start, add_special_tokens=False)
+    expected = Generation(embedded, prompt, GenerationParams(max_tokens=12)).run().text
+    message = claude.messages.create(model="m", max_tokens=12, messages=turns)
+    with claude.messages.stream(model="m", max_tokens=12, messages=turns) as stream:
+        streamed = "".join(stream.text_stream)
+    assert message.content[0].text == expected == streamed  # type: ignore[union-attr]
+    assert not expected.startswith("{")  # it continues the object rather than starting one
+    refused = httpx.post(str(claude.base_url) + "/v1/messages", json={"model": "m", "max_tokens": 4, "messages": turns,
+                                                                      "regex": "[a-z]+"})
+    assert refused.status_code == 400 and "final assistant message" in refused.json()["error"]["message"]
 
 
 def test_anthropic_messages_stream_and_not(claude: anthropic.Anthropic) -> None:

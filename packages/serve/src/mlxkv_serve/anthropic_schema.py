@@ -35,6 +35,9 @@ def parse_messages(body: Any, config: ServeConfig) -> MessagesRequest:
     messages = [turn for i, m in enumerate(raw) for turn in _message(m, i)]
     if messages[0].role not in ("user", "tool"):
         raise RequestError(400, "the first message must have role 'user'", "messages")
+    answer_start = ""
+    if len(messages) > 1 and messages[-1].role == "assistant" and not messages[-1].tool_calls:
+        answer_start = messages.pop().content  # a final assistant message: the answer continues it
     system = f.body.get("system")
     if system is not None:
         messages.insert(0, ChatMessage("system", _text(system, "system")))
@@ -46,7 +49,10 @@ def parse_messages(body: Any, config: ServeConfig) -> MessagesRequest:
     tools, choice, name, parallel = _tools(f.body)
     constraint = tool_fields.extension(f.body)
     tool_fields.only_one(constraint, bool(tools) and choice != "none", "grammar" if "grammar" in f.body else "regex")
-    generate = GenerateRequest(max_tokens=max_tokens, sampling=sampling, messages=tuple(messages),
+    if answer_start and (constraint is not None or (tools and choice != "none")):
+        raise RequestError(400, "a final assistant message (the start of the answer) cannot be combined with tools, "
+                           "a grammar or a regex here", "messages")
+    generate = GenerateRequest(max_tokens=max_tokens, sampling=sampling, messages=tuple(messages), answer_start=answer_start,
                                stop=f.stop("stop_sequences", MAX_STOP), constraint=constraint, tools=tools,
                                tool_choice=choice, tool_name=name, parallel_tool_calls=parallel, speculative=speculation(f.body))
     return MessagesRequest(generate, f.boolean("stream", False))

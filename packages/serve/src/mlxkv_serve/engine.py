@@ -86,6 +86,9 @@ class GenerateRequest:
     # prompt leaves in the context instead of refusing a prompt that fits.
     default_max_tokens: bool = False
     messages: tuple[ChatMessage, ...] | None = None
+    # With `messages`: the start of the answer (Anthropic's final assistant message): the prompt
+    # ends with it and the generated text continues it.
+    answer_start: str = ""
     prompt: str | None = None
     prompt_tokens: tuple[int, ...] | None = None
     stop: tuple[str, ...] = ()

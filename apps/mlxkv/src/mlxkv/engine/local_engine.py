@@ -320,7 +320,8 @@ class LocalEngine:
         if request.messages is not None:
             native = template_takes_tools(tokenizer)
             messages = chat_messages(request.messages, tools.tools, native)
-            chat = encode_chat(tokenizer, messages, template_tools(tools.tools) if native and tools.tools else None)
+            chat = encode_chat(tokenizer, messages, template_tools(tools.tools) if native and tools.tools else None,
+                               request.answer_start)
             return chat.tokens, chat.history_end
         if request.prompt is not None:
             return tokenizer.encode(request.prompt), None

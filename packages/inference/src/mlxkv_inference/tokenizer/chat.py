@@ -19,8 +19,10 @@ class ChatPrompt:
     history_end: int | None  # None when the history is not a token prefix of the prompt
 
 
-def encode_chat(tokenizer: Tokenizer, messages: Sequence[Message], tools: Sequence[Message] | None = None) -> ChatPrompt:
-    tokens = tokenizer.encode(tokenizer.apply_chat_template(messages, tools=tools), add_special_tokens=False)
+def encode_chat(tokenizer: Tokenizer, messages: Sequence[Message], tools: Sequence[Message] | None = None,
+                answer_start: str = "") -> ChatPrompt:
+    """`answer_start`: text the answer begins with (after the generation prompt), for the model to continue."""
+    tokens = tokenizer.encode(tokenizer.apply_chat_template(messages, tools=tools) + answer_start, add_special_tokens=False)
     history = tokenizer.encode(
         tokenizer.apply_chat_template(messages, add_generation_prompt=False, tools=tools), add_special_tokens=False
     )
