@@ -16,13 +16,14 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 
 from mlxkv_inference import MlxAutoregressiveBinding
 from mlxkv_inference._mlx_lm import build_model, eval_parameters
 from mlxkv_inference.cache.kv import PlainKVCache
 from mlxkv_inference.models import native_layer
 from mlxkv_inference.models.batched import decode_batch
-from tests.factories import _randomize, make_prompt, make_tiny_binding, make_tiny_config
+from tests.factories import ByteTokenizer, _randomize, make_prompt, make_tiny_binding, make_tiny_config
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the native CPU kernels are Linux-only")
 
@@ -169,3 +170,33 @@ def test_bad_arguments_are_value_errors(change: str, message: str) -> None:
         args["rows"] = [0]
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         ops.decoder_layer(**args)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_a_bfloat16_model_is_widened_to_float32_and_runs_the_native_layer_ops(kind: str) -> None:
+    """mlx-community directories ship bfloat16 norms and scales: on the native path they are widened
+    (exactly) to float32, so the layer ops run natively, and the answer is that of the same model
+    built in float32 from the same bfloat16 values."""
+    def model(widen_first: bool) -> nn.Module:
+        config = make_tiny_config(kind)
+        mx.random.seed(3)
+        built = build_model(config)
+        _randomize(built, 3)
+        built.set_dtype(mx.bfloat16)
+        nn.quantize(built, group_size=32, bits=4)
+        if widen_first:
+            built.set_dtype(mx.float32)
+        eval_parameters(built)
+        built.eval()
+        return built
+
+    config = make_tiny_config(kind)
+    narrow = MlxAutoregressiveBinding(model(False), ByteTokenizer(), model_id="t", config=config, cpu_kernels="native")
+    wide = MlxAutoregressiveBinding(model(True), ByteTokenizer(), model_id="t", config=config, cpu_kernels="native")
+    assert narrow.native_ops[0] == "activations float32/1" and narrow.native_ops[1:] == wide.native_ops
+    assert "attention native/2" in narrow.native_ops and narrow.config_fingerprint != wide.config_fingerprint
+    leaves: Any = tree_flatten(narrow.model.parameters())  # type: ignore[no-untyped-call]
+    assert {v.dtype for _, v in leaves} <= {mx.float32, mx.uint32}
+    prompt = make_prompt(9)
+    for got, want in zip(forwards(narrow, prompt), forwards(wide, prompt), strict=True):
+        np.testing.assert_array_equal(got, want)
