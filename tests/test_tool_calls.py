@@ -170,3 +170,12 @@ def test_calls_cut_short_by_max_tokens_finish_with_length_and_no_markup(base_url
     message = claude.messages.create(model="m", max_tokens=max_tokens, messages=ASK, tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"})
     assert message.stop_reason == "max_tokens"
     assert not any(block.type == "text" and "<tool_call>" in block.text for block in message.content)
+
+
+def test_a_function_without_parameters_is_called_with_no_arguments(base_url: str) -> None:
+    client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+    bare: Any = [{"type": "function", "function": {"name": "get_now", "description": "The time now"}}]
+    reply = client.chat.completions.create(model="m", messages=ASK, tools=bare, tool_choice="required", max_tokens=120)
+    calls = reply.choices[0].message.tool_calls
+    assert reply.choices[0].finish_reason == "tool_calls" and calls
+    assert all(c.function.name == "get_now" and json.loads(c.function.arguments) == {} for c in calls)  # type: ignore[union-attr]

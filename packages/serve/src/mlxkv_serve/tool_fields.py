@@ -15,12 +15,17 @@ from mlxkv_serve.errors import RequestError
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
+NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
 def tool(name: Any, description: Any, parameters: Any, where: str) -> Tool:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise RequestError(400, f"'{where}' name {name!r} must be 1-64 letters, digits, '_' or '-'", where)
     if description is not None and not isinstance(description, str):
         raise RequestError(400, f"'{where}' description must be a string", where)
-    return Tool(name, description or "", json.dumps(schema_object(parameters, where)))
+    # OpenAI: a function without `parameters` takes none (its arguments are `{}`), not any object.
+    schema = NO_PARAMETERS if parameters is None else schema_object(parameters, where)
+    return Tool(name, description or "", json.dumps(schema))
 
 
 def distinct(tools: Sequence[Tool], where: str) -> tuple[Tool, ...]:
