@@ -152,6 +152,7 @@ def test_anthropic_streamed_tool_use_carries_input_json_deltas(base_url: str) ->
         final = stream.get_final_message()
     uses = [b for b in final.content if b.type == "tool_use"]
     assert final.stop_reason == "tool_use" and "input_json" in kinds and uses and {b.name for b in uses} == {"get_weather"}
+    assert [b.type for b in final.content] == ["tool_use"] * len(uses)  # no empty text block first, as unstreamed
     for block in uses:
         valid_call(block.name, block.input)
 

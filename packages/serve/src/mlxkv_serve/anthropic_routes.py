@@ -64,12 +64,17 @@ def _stop_reason(done: Finished) -> str:
 
 
 async def _stream(state: ServerState, handle: GenerationHandle) -> AsyncIterator[str]:
+    """The text block opens with the first text (an answer of calls alone has none, as unstreamed)."""
+    text_block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
     yield sse({"type": "message_start", "message": _message(state, handle, [], None)}, "message_start")
-    yield sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}, "content_block_start")
     yield sse({"type": "ping"}, "ping")
+    texting = False
     async for event in handle.events():
         if isinstance(event, Delta):
             if event.text:
+                if not texting:
+                    texting = True
+                    yield sse(text_block, "content_block_start")
                 yield sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": event.text}},
                           "content_block_delta")
             continue
@@ -77,8 +82,12 @@ async def _stream(state: ServerState, handle: GenerationHandle) -> AsyncIterator
             yield sse(error_body("/v1/messages", failure(state, event)), "error")  # Anthropic's in-stream error
             return
         state.record(event)
-        yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
-        for index, call in enumerate(event.tool_calls, start=1):
+        if not texting and not event.tool_calls:  # an empty answer: one empty text block, as unstreamed
+            texting = True
+            yield sse(text_block, "content_block_start")
+        if texting:
+            yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
+        for index, call in enumerate(event.tool_calls, start=1 if texting else 0):
             for frame in _tool_use_frames(index, call):
                 yield frame
         yield sse({"type": "message_delta", "delta": {"stop_reason": _stop_reason(event), "stop_sequence": event.stop_sequence},
