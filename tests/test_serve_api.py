@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,10 @@ def test_chat_stream_matches_the_non_streaming_text_and_reports_usage(oai: opena
     assert text == "The capital of France is Paris."
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
     assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 7
+    raw = httpx.post(str(oai.base_url) + "chat/completions", json={"messages": QUESTION, "max_tokens": 3, "stream": True,
+                                                                   "stream_options": {"include_usage": True}}, timeout=60)
+    frames = [json.loads(line[6:]) for line in raw.text.splitlines() if line.startswith("data: {")]
+    assert all("usage" in f and f["usage"] is None for f in frames[:-1]) and frames[-1]["usage"]["completion_tokens"] == 3
 
 
 def test_second_turn_reports_cached_tokens(oai: openai.OpenAI) -> None:

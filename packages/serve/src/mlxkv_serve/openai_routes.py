@@ -81,15 +81,17 @@ class _Ids:
 
 async def _stream(state: ServerState, handle: GenerationHandle, parsed: OpenAiRequest, ids: _Ids) -> AsyncIterator[str]:
     want_logprobs = parsed.generate.top_logprobs is not None
+    # With include_usage, every chunk before the last carries "usage": null, as OpenAI's do.
+    head = {**ids.envelope(True), **({"usage": None} if parsed.include_usage else {})}
     if ids.chat:
-        yield sse({**ids.envelope(True), "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+        yield sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                                       "logprobs": None, "finish_reason": None}]})
     offset = 0
     async for event in handle.events():
         if isinstance(event, Delta):
             if not event.text and not event.logprobs:
                 continue
-            yield sse({**ids.envelope(True), "choices": [_chunk_choice(ids.chat, event, want_logprobs, offset)]})
+            yield sse({**head, "choices": [_chunk_choice(ids.chat, event, want_logprobs, offset)]})
             offset += len(event.text)
             continue
         if isinstance(event, Failed):
@@ -98,16 +100,16 @@ async def _stream(state: ServerState, handle: GenerationHandle, parsed: OpenAiRe
         state.record(event)
         if event.tool_calls:  # each call in one chunk: its arguments are complete when the answer is
             calls = [{"index": i, **call} for i, call in enumerate(_tool_calls(event))]
-            yield sse({**ids.envelope(True), "choices": [{"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None,
+            yield sse({**head, "choices": [{"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None,
                                                           "logprobs": None}]})
         final: dict[str, Any] = {"index": 0, "finish_reason": event.finish_reason, "logprobs": None}
         if ids.chat:
             final["delta"] = {}
         else:
             final["text"] = ""
-        yield sse({**ids.envelope(True), "choices": [final], "seed": event.seed})
+        yield sse({**head, "choices": [final], "seed": event.seed})
         if parsed.include_usage:
-            yield sse({**ids.envelope(True), "choices": [], "usage": _usage(event)})
+            yield sse({**head, "choices": [], "usage": _usage(event)})
         yield sse("[DONE]")
         return
 
