@@ -106,6 +106,8 @@ def _message(raw: Any, index: int) -> ChatMessage:
     role = raw.get("role")
     if role not in ROLES:
         raise RequestError(400, f"'{where}.role' must be one of {', '.join(ROLES)}", f"{where}.role")
+    if raw.get("content") is None and role != "assistant":  # only an assistant's (tool calls) may go without
+        raise RequestError(400, f"'{where}.content' is required for a {role} message", f"{where}.content")
     content = content_text(raw.get("content"), f"{where}.content")
     if role == "tool":
         call_id = raw.get("tool_call_id")
