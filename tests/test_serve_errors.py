@@ -36,6 +36,7 @@ BAD: list[tuple[str, str, str | bytes | dict[str, Any] | list[Any], int, str | N
     ("message without role", CHAT, {"messages": [{"content": "x"}]}, 400, "messages[0].role"),
     ("unknown role", CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
     ("content is a number", CHAT, {"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
+    ("regex beside response_format", CHAT, chat(regex="[a-z]+", response_format={"type": "json_object"}), 400, "response_format"),
     ("user message without content", CHAT, {"messages": [{"role": "user"}]}, 400, "messages[0].content"),
     ("system message with null content", CHAT, {"messages": [{"role": "system", "content": None}, *OK_MESSAGES]}, 400,
      "messages[0].content"),

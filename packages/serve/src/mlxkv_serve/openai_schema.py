@@ -89,7 +89,11 @@ def _request(f: Fields, config: ServeConfig, max_tokens: int | None, top: int | 
         seed=f.integer("seed", None, 0, 2**63 - 1),
     )
     tools, choice, name = _tools(f.body)
-    constraint = _response_format(f.body.get("response_format")) or tool_fields.extension(f.body)
+    formatted, extension = _response_format(f.body.get("response_format")), tool_fields.extension(f.body)
+    if formatted is not None and extension is not None:
+        raise RequestError(400, "send one of 'response_format' and 'grammar' / 'regex': both constrain the answer",
+                           "response_format")
+    constraint = formatted or extension
     tool_fields.only_one(constraint, bool(tools) and choice != "none", "response_format")
     generate = GenerateRequest(max_tokens=config.default_max_tokens if max_tokens is None else max_tokens,
                                default_max_tokens=max_tokens is None, sampling=sampling, stop=f.stop("stop", MAX_STOP), top_logprobs=top,
