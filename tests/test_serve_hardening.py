@@ -111,33 +111,42 @@ def test_a_failing_stream_ends_with_the_api_error_event(failing: tuple[FailingBi
     assert values["mlxkv_generation_failures_total[]"] == 2
 
 
-def test_a_full_queue_answers_429_with_retry_after_and_the_rest_complete() -> None:
+@pytest.fixture()
+def gated() -> Iterator[tuple[GatedBinding, LocalEngine]]:
+    """An engine whose first request holds the worker in its prefill until the test opens the
+    gate; two requests may wait behind it."""
     binding = make_tiny_binding("llama", binding_class=GatedBinding)
     assert isinstance(binding, GatedBinding)
     engine = LocalEngine(binding, None, max_queue=2)
-    results: list[int] = []
+    yield binding, engine
+    binding.gate.set()
+    engine.close(30)
 
+
+def start_chat(url: str, statuses: list[int]) -> threading.Thread:
+    """A chat request on a thread of its own; its status lands in `statuses`."""
     def post() -> None:
-        results.append(httpx.post(url + CHAT, json={"messages": MESSAGES, "max_tokens": 2}, timeout=WAIT_S).status_code)
+        statuses.append(httpx.post(url + CHAT, json={"messages": MESSAGES, "max_tokens": 2}, timeout=WAIT_S).status_code)
 
-    try:
-        with serve(engine) as url:
-            clients = [threading.Thread(target=post)]
-            clients[0].start()
-            wait_for(binding.entered.is_set, "the first request running")
-            for _ in range(2):
-                clients.append(threading.Thread(target=post))
-                clients[-1].start()
-            wait_for(lambda: metric_values(url)["mlxkv_queue_depth[]"] == 2, "two requests queued")
-            surplus = [httpx.post(url + path, json={"messages": MESSAGES, "prompt": "x", "max_tokens": 2}, timeout=WAIT_S)
-                       for path in (CHAT, "/v1/completions", "/v1/messages")]
-            binding.gate.set()
-            for client in clients:
-                client.join(WAIT_S)
-            values = metric_values(url)
-    finally:
+    thread = threading.Thread(target=post)
+    thread.start()
+    return thread
+
+
+def test_a_full_queue_answers_429_with_retry_after_and_the_rest_complete(gated: tuple[GatedBinding, LocalEngine]) -> None:
+    binding, engine = gated
+    results: list[int] = []
+    with serve(engine) as url:
+        clients = [start_chat(url, results)]
+        wait_for(binding.entered.is_set, "the first request running")
+        clients += [start_chat(url, results) for _ in range(2)]
+        wait_for(lambda: metric_values(url)["mlxkv_queue_depth[]"] == 2, "two requests queued")
+        surplus = [httpx.post(url + path, json={"messages": MESSAGES, "prompt": "x", "max_tokens": 2}, timeout=WAIT_S)
+                   for path in (CHAT, "/v1/completions", "/v1/messages")]
         binding.gate.set()
-        engine.close(30)
+        for client in clients:
+            client.join(WAIT_S)
+        values = metric_values(url)
     assert sorted(results) == [200, 200, 200]
     assert [r.status_code for r in surplus] == [429, 429, 429]
     assert all(r.headers["retry-after"] == "1" for r in surplus)
@@ -147,43 +156,30 @@ def test_a_full_queue_answers_429_with_retry_after_and_the_rest_complete() -> No
     assert requests_with_status(values, "429") == 3 and requests_with_status(values, "500") == 0
 
 
-def test_requests_whose_clients_left_while_queued_free_their_places_at_once() -> None:
-    binding = make_tiny_binding("llama", binding_class=GatedBinding)
-    assert isinstance(binding, GatedBinding)
-    engine = LocalEngine(binding, None, max_queue=2)
+def test_requests_whose_clients_left_while_queued_free_their_places_at_once(gated: tuple[GatedBinding, LocalEngine]) -> None:
+    binding, engine = gated
     results: list[int] = []
-
-    def post() -> None:
-        results.append(httpx.post(url + CHAT, json={"messages": MESSAGES, "max_tokens": 2}, timeout=WAIT_S).status_code)
-
     body = json.dumps({"messages": MESSAGES, "max_tokens": 2}).encode()
-    try:
-        with serve(engine) as url:
-            clients = [threading.Thread(target=post)]
-            clients[0].start()
-            wait_for(binding.entered.is_set, "the first request running")
-            host, port = url.removeprefix("http://").split(":")
-            leaving = [socket.create_connection((host, int(port)), timeout=WAIT_S) for _ in range(2)]
-            for sock in leaving:
-                sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                             f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-            wait_for(lambda: metric_values(url)["mlxkv_queue_depth[]"] == 2, "two requests queued")
-            for sock in leaving:
-                sock.close()
-            # The batch is still held by the first request: the two places free up as their
-            # clients are seen gone, not when the batch has room.
-            wait_for(lambda: metric_values(url)["mlxkv_queue_depth[]"] == 0, "the requests whose clients left taken out")
-            for _ in range(2):
-                clients.append(threading.Thread(target=post))
-                clients[-1].start()
-            wait_for(lambda: metric_values(url)["mlxkv_queue_depth[]"] == 2, "two new requests queued")
-            binding.gate.set()
-            for client in clients:
-                client.join(WAIT_S)
-            values = metric_values(url)
-    finally:
+    with serve(engine) as url:
+        clients = [start_chat(url, results)]
+        wait_for(binding.entered.is_set, "the first request running")
+        host, port = url.removeprefix("http://").split(":")
+        leaving = [socket.create_connection((host, int(port)), timeout=WAIT_S) for _ in range(2)]
+        for sock in leaving:
+            sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        wait_for(lambda: metric_values(url)["mlxkv_queue_depth[]"] == 2, "two requests queued")
+        for sock in leaving:
+            sock.close()
+        # The batch is still held by the first request: the two places free up as their
+        # clients are seen gone, not when the batch has room.
+        wait_for(lambda: metric_values(url)["mlxkv_queue_depth[]"] == 0, "the requests whose clients left taken out")
+        clients += [start_chat(url, results) for _ in range(2)]
+        wait_for(lambda: metric_values(url)["mlxkv_queue_depth[]"] == 2, "two new requests queued")
         binding.gate.set()
-        engine.close(30)
+        for client in clients:
+            client.join(WAIT_S)
+        values = metric_values(url)
     assert sorted(results) == [200, 200, 200]
     assert requests_with_status(values, "429") == 0 and requests_with_status(values, "500") == 0
 
