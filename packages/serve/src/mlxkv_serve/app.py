@@ -36,7 +36,9 @@ ROUTES = [
     Route("/admin/cache/flush", admin_routes.cache_flush, methods=["POST"]),
     Route("/v1/generations/{generation_id}", admin_routes.generation, methods=["GET"]),
 ]
-KNOWN_PATHS = {r.path for r in ROUTES}
+KNOWN_PATHS = {r.path for r in ROUTES if "{" not in r.path}
+# A path with a parameter is counted under its route's prefix: "/v1/models/{id}", not each id.
+TEMPLATED_PREFIXES = [r.path[: r.path.index("{")] for r in ROUTES if "{" in r.path]
 
 
 def build_app(engine: ServeEngine, config: ServeConfig) -> Starlette:
@@ -58,10 +60,7 @@ def build_app(engine: ServeEngine, config: ServeConfig) -> Starlette:
 def endpoint_label(path: str) -> str:
     if path in KNOWN_PATHS:
         return path
-    for prefix, label in (("/v1/generations/", "/v1/generations/{id}"), ("/v1/models/", "/v1/models/{id}")):
-        if path.startswith(prefix):
-            return label
-    return "other"
+    return next((prefix + "{id}" for prefix in TEMPLATED_PREFIXES if path.startswith(prefix)), "other")
 
 
 class _Gate:

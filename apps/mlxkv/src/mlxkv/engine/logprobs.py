@@ -24,25 +24,22 @@ def measure(logprobs: mx.array, token: int, top: int) -> TokenLogprobs:
 
 
 def render(tokenizer: Tokenizer, token: int, measured: TokenLogprobs) -> TokenLogprob:
+    text, raw = _piece(tokenizer, token)
+    alternatives = tuple((alt, lp, alt_raw) for (alt, alt_raw), lp in ((_piece(tokenizer, i), lp) for i, lp in measured.top))
+    return TokenLogprob(text, measured.logprob, raw, alternatives)
+
+
+def _piece(tokenizer: Tokenizer, token: int) -> tuple[str, tuple[int, ...]]:
+    """A token's text and the bytes it stands for. A token holding part of a character decodes to
+    U+FFFD: its own bytes come from the vocabulary (via llguidance's view of it), so a client can
+    join a character's pieces back together, as the `bytes` field is for."""
     text = tokenizer.decode([token])
-    alternatives = tuple((alt, lp, token_bytes(tokenizer, i, alt)) for alt, lp, i in
-                         ((tokenizer.decode([i]), lp, i) for i, lp in measured.top))
-    return TokenLogprob(text, measured.logprob, token_bytes(tokenizer, token, text), alternatives)
-
-
-def token_bytes(tokenizer: Tokenizer, token: int, text: str) -> tuple[int, ...]:
-    """The bytes `token` stands for (`text`: its decoded text). A token holding part of a
-    character decodes to U+FFFD: its own bytes come from the vocabulary (via llguidance's view of
-    it), so a client can join a character's pieces back together, as the `bytes` field is for."""
-    if REPLACEMENT not in text:
-        return tuple(text.encode())
+    if "\ufffd" not in text:
+        return text, tuple(text.encode())
     try:
-        return tuple(llg_tokenizer(tokenizer).decode_bytes([token]))
+        return text, tuple(llg_tokenizer(tokenizer).decode_bytes([token]))
     except ValueError:  # no `tokenizers` backend to read the vocabulary from
-        return tuple(text.encode())
-
-
-REPLACEMENT = "\ufffd"
+        return text, tuple(text.encode())
 
 
 @dataclass(slots=True)
