@@ -24,7 +24,7 @@ from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding, Sampling
 from mlxkv_inference.engine.generate import Generation  # noqa: E402
 from mlxkv_inference.engine.scheduler import STEP_MAX_ROWS, BatchScheduler  # noqa: E402
 from mlxkv_inference.engine.speculation import SpeculativeParams  # noqa: E402
-from mlxkv_inference.models.cpu_kernels import default_cpu_kernels  # noqa: E402
+from mlxkv_inference.native.kernels import default_cpu_kernels  # noqa: E402
 from mlxkv_inference.tokenizer.chat import encode_chat  # noqa: E402
 from mlxkv.commands.serve import SERVE_PREFILL_STEP_MS  # noqa: E402
 from tools.bench_sampler import PROMPTS  # noqa: E402

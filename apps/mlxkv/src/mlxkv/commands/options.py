@@ -14,7 +14,7 @@ from mlxkv_inference.engine.speculation import (
     DEFAULT_NUM_DRAFT_TOKENS, MAX_NUM_DRAFT_TOKENS, SPECULATIVE_MODES, SpeculativeMode, SpeculativeParams,
 )
 from mlxkv_inference.models.draft import check_draft_tokenizer, layer_skip_draft
-from mlxkv_inference.models.cpu_kernels import (
+from mlxkv_inference.native.kernels import (
     CPU_KERNELS, CpuKernels, check_cpu_kernels, default_cpu_kernels, describe_cpu_kernels,
 )
 

@@ -24,7 +24,7 @@ prompt's next turn, to the same values.
 Where the model's forward is chunk-invariant (`verifies_positions`: L positions in one forward are
 bitwise L single steps), a chunk is cut to the budget left; otherwise a generation's chunks keep
 the boundaries it has when run alone. Its batched decode rows are bitwise its lone rows when the
-model's matmul kernels are row-invariant (checked once per model; see `models.batched`). Otherwise
+model's matmul kernels are row-invariant (checked once per model; see `native.batched`). Otherwise
 each row runs its own graph inside the same step: slower, still exact.
 """
 
