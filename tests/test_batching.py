@@ -17,9 +17,9 @@ import pytest
 from mlxkv_inference import Generation, GenerationParams, Grammar, MlxAutoregressiveBinding, SamplingParams
 from mlxkv_inference.binding import Interrupt
 from mlxkv_inference.cache.factory import LayerCache
-from mlxkv_inference.engine.generate import ResumePoint
-from mlxkv_inference.engine.scheduler import STEP_MAX_ROWS, MAX_PASSED_OVER, BatchScheduler
-from mlxkv_inference.engine.speculation import SpeculativeParams, StepCosts
+from mlxkv_inference.generation.generate import ResumePoint
+from mlxkv_inference.scheduler.batch import STEP_MAX_ROWS, MAX_PASSED_OVER, BatchScheduler
+from mlxkv_inference.speculative.speculation import SpeculativeParams, StepCosts
 from mlxkv_inference.native.batched import decode_batch, rows_invariant
 from tests.factories import greedy_token, make_prompt, make_tiny_binding
 

@@ -28,7 +28,7 @@ from mlxkv_inference.native.layer import use_native_layers
 from mlxkv_inference.native.mlp import NATIVE_SWIGLU, use_native_swiglu
 from mlxkv_inference.native.norm import NATIVE_RMS_NORM, use_native_rms_norm
 from mlxkv_inference.cache.recurrent_replay import use_recurrent_replay
-from mlxkv_inference.engine.speculation import Round, StepCosts, round_fits
+from mlxkv_inference.speculative.speculation import Round, StepCosts, round_fits
 from mlxkv_inference.tokenizer.protocol import Tokenizer
 
 DEFAULT_PREFILL_CHUNK = 512
@@ -132,7 +132,7 @@ class MlxAutoregressiveBinding:
 
     @property
     def native_sampler(self) -> bool:
-        """Whether seeded sampling runs the native kernel (see `engine.sampling`)."""
+        """Whether seeded sampling runs the native kernel (see `generation.sampling`)."""
         return self.cpu_kernels == "native"
 
     @property

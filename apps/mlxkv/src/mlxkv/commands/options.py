@@ -10,7 +10,7 @@ from mlxkv.paths import DEFAULT_SSD_BYTES, default_cache_dir, default_ram_cache_
 from mlxkv_inference import DEFAULT_PREFILL_CHUNK, DEFAULT_QUANTIZED_KV_START, GenerationParams, KvScheme, SamplingParams
 from mlxkv_inference import MlxAutoregressiveBinding
 from mlxkv_inference._blas import blas_description
-from mlxkv_inference.engine.speculation import (
+from mlxkv_inference.speculative.speculation import (
     DEFAULT_NUM_DRAFT_TOKENS, MAX_NUM_DRAFT_TOKENS, SPECULATIVE_MODES, SpeculativeMode, SpeculativeParams,
 )
 from mlxkv_inference.models.draft import check_draft_tokenizer, layer_skip_draft

@@ -39,7 +39,7 @@ import mlx.core as mx
 
 from mlxkv_inference import _mlx_lm
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, Interrupt, MlxAutoregressiveBinding
-from mlxkv_inference.engine.generate import Generation, TextDelta
+from mlxkv_inference.generation.generate import Generation, TextDelta
 
 DEFAULT_MAX_BATCH = 8
 MIN_TIMED_CHUNK = 8  # the fewest prompt tokens a time-bounded prefill step feeds
