@@ -17,10 +17,10 @@ import pytest
 from mlxkv_inference import Generation, GenerationParams, Grammar, MlxAutoregressiveBinding, SamplingParams
 from mlxkv_inference.binding import Interrupt
 from mlxkv_inference.cache.factory import LayerCache
-from mlxkv_inference.engine.generate import ResumePoint
-from mlxkv_inference.engine.scheduler import STEP_MAX_ROWS, MAX_PASSED_OVER, BatchScheduler
-from mlxkv_inference.engine.speculation import SpeculativeParams, StepCosts
-from mlxkv_inference.models.batched import decode_batch, rows_invariant
+from mlxkv_inference.generation.generate import ResumePoint
+from mlxkv_inference.scheduler.batch import STEP_MAX_ROWS, MAX_PASSED_OVER, BatchScheduler
+from mlxkv_inference.speculative.speculation import SpeculativeParams, StepCosts
+from mlxkv_inference.native.batched import decode_batch, rows_invariant
 from tests.factories import greedy_token, make_prompt, make_tiny_binding
 
 
@@ -141,7 +141,7 @@ def test_a_rope_the_native_kernel_does_not_know_rotates_in_mlx_first_and_batches
     """YaRN's RoPE is none the attention kernel computes itself: MLX rotates q and k (per-head
     views) before the native call. Rows batch as they run alone, and the step's logits are
     mlx-lm's attention's on the same 4-bit weights up to float rounding."""
-    from mlxkv_inference.models.native_attention import kernel_rope
+    from mlxkv_inference.native.attention import kernel_rope
 
     yarn = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64}
     binding = make_tiny_binding("llama", seed=4, native=True, rope_scaling=yarn)
@@ -358,7 +358,7 @@ def test_a_batch_of_native_and_quantized_kv_rows_gives_every_sequence_its_tokens
     # KV quantization starts at 40 positions: longer prompts cross it while shorter ones still
     # attend through the native kernel, so steps mix both kinds of rows.
     from mlxkv_inference import KvScheme
-    from mlxkv_inference.models import batched
+    from mlxkv_inference.native import batched
 
     binding = make_tiny_binding("llama", seed=4, native=True, head_dim=64,
                                 kv_scheme=KvScheme(bits=8, group_size=32, quantized_start=40))

@@ -14,7 +14,7 @@ import pytest
 from mlxkv.engine.cache_services import open_cold_tier
 from mlxkv.engine.checkpoints import CheckpointStore, RestoredCheckpoint
 from mlxkv.engine.local_engine import LocalEngine, _Job
-from mlxkv_inference.engine.generate import CheckpointState
+from mlxkv_inference.generation.generate import CheckpointState
 from mlxkv_serve import Delta, Finished, GenerateRequest, Sampling, Speculation
 from mlxkv_ssd_cache.layout import identity_key
 from mlxkv_state.header import GenerationCheckpoint
@@ -44,7 +44,7 @@ def test_ssd_cold_tier_keeps_the_newest_checkpoint_of_a_key_until_removed(tmp_pa
 
 def test_a_draft_models_checkpoint_is_kept_beside_the_targets_under_its_own_identity(tmp_path: Path) -> None:
     from mlxkv_inference.cache.reuse import frozen_copy
-    from mlxkv_inference.engine.proposers import DraftState
+    from mlxkv_inference.speculative.proposers import DraftState
     from mlxkv_inference.models.draft import layer_skip_draft
 
     binding = make_tiny_binding("llama", num_hidden_layers=3)

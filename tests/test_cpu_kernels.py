@@ -275,7 +275,7 @@ def test_float_matmul_row_is_bitwise_identical_alone_in_a_batch_and_with_b_trans
 def test_project_gives_each_layers_own_output_with_biases_and_falls_back_for_other_layers(dtype: mx.Dtype) -> None:
     import mlx.nn as nn
 
-    from mlxkv_inference.models.cpu_kernels import NativeQuantizedLinear, project, use_native_kernels
+    from mlxkv_inference.native.kernels import NativeQuantizedLinear, project, use_native_kernels
 
     # q, k and v with biases (qwen2's), then a layer the native kernel does not serve.
     model = nn.Sequential(*(nn.QuantizedLinear.from_linear(nn.Linear(128, n, bias=True), group_size=32, bits=4)  # type: ignore[no-untyped-call]

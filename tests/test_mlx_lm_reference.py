@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding
 from mlxkv_inference._mlx_lm import load_directory, mlx_lm_stream_tokens
-from mlxkv_inference.engine.generate import Generation
+from mlxkv_inference.generation.generate import Generation
 from mlxkv_inference.tokenizer.chat import encode_chat
 from tools.mlx_lm_reference import write_mlx_lm_directory
 

@@ -13,7 +13,7 @@ import pytest
 
 from mlxkv.engine.cache_services import build_tiers
 from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding
-from mlxkv_inference.engine.cached_generation import CachedGenerator
+from mlxkv_inference.generation.cached_generation import CachedGenerator
 from mlxkv_inference.prompt_cache import TieredPromptCache
 from mlxkv_inference.tokenizer.chat import encode_chat
 from tests.factories import make_prompt, make_tiny_binding

@@ -23,8 +23,8 @@ import mlx.nn as nn
 from mlx_lm.models import llama
 from mlxkv_cpu_kernels import ops
 
-from mlxkv_inference.models.native_mlp import NativeSwigluMixin, use_native_swiglu
-from mlxkv_inference.models.native_norm import NATIVE_RMS_NORM, NativeRmsNormMixin, use_native_rms_norm
+from mlxkv_inference.native.mlp import NativeSwigluMixin, use_native_swiglu
+from mlxkv_inference.native.norm import NATIVE_RMS_NORM, NativeRmsNormMixin, use_native_rms_norm
 from tests.factories import make_tiny_binding
 
 

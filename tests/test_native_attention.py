@@ -217,7 +217,7 @@ def test_kernel_rope_reads_mlx_and_mlx_lm_rope_modules(which: str) -> None:
     import mlx.nn as nn
     from mlx_lm.models.rope_utils import Llama3RoPE, SuScaledRoPE
 
-    from mlxkv_inference.models.native_attention import kernel_rope
+    from mlxkv_inference.native.attention import kernel_rope
 
     if which == "unknown":  # a variant the kernel does not model: MLX keeps rotating
         assert kernel_rope(SuScaledRoPE(32, max_position_embeddings=4096, original_max_position_embeddings=64,

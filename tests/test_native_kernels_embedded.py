@@ -16,7 +16,7 @@ import pytest
 
 from mlxkv_inference import KvScheme, MlxAutoregressiveBinding
 from mlxkv_inference.binding import config_fingerprint
-from mlxkv_inference.models import native_layer
+from mlxkv_inference.native import layer as native_layer
 from tests.test_kv_persistence import persist_mid_generation, run_fresh_process
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the native CPU kernels are Linux-only")

@@ -21,8 +21,8 @@ from mlx.utils import tree_flatten
 from mlxkv_inference import MlxAutoregressiveBinding
 from mlxkv_inference._mlx_lm import build_model, eval_parameters
 from mlxkv_inference.cache.kv import PlainKVCache
-from mlxkv_inference.models import native_layer
-from mlxkv_inference.models.batched import decode_batch
+from mlxkv_inference.native import layer as native_layer
+from mlxkv_inference.native.batched import decode_batch
 from tests.factories import ByteTokenizer, _randomize, make_prompt, make_tiny_binding, make_tiny_config
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the native CPU kernels are Linux-only")

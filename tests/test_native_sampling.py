@@ -23,8 +23,8 @@ from mlxkv_cpu_kernels import ops
 
 from mlxkv_inference import Generation, GenerationParams, SamplingParams, _mlx_lm
 from mlxkv_inference.binding import NATIVE_SAMPLER
-from mlxkv_inference.engine.generate import ResumePoint
-from mlxkv_inference.engine.sampling import make_sampler, step_word
+from mlxkv_inference.generation.generate import ResumePoint
+from mlxkv_inference.generation.sampling import make_sampler, step_word
 from tests.factories import make_prompt, make_tiny_binding
 
 Filters = tuple[int, float, float]  # top_k (0: off), min_p (0: off), top_p (1: off)

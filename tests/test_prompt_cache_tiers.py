@@ -15,7 +15,7 @@ from mlxkv_inference import Generation, GenerationParams, KvScheme
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.kv import PlainKVCache
 from mlxkv_inference.cache.reuse import clone_trimmed, usable_prefix, all_trimmable, minimum_reusable_offset
-from mlxkv_inference.engine.cached_generation import CachedGenerator
+from mlxkv_inference.generation.cached_generation import CachedGenerator
 from mlxkv_inference.prompt_cache import ColdHit, ColdRestored, ColdTier, RamPromptCache, TieredPromptCache
 from tests.factories import make_plain_caches, make_prompt, make_tiny_binding
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding, SamplingParams
-from mlxkv_inference.engine.cached_generation import CachedGenerator
+from mlxkv_inference.generation.cached_generation import CachedGenerator
 from mlxkv_inference.prompt_cache import TieredPromptCache
 from tests.server_process import ServerProcess
 

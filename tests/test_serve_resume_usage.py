@@ -11,7 +11,7 @@ import httpx
 from mlxkv.engine.cache_services import build_tiers
 from mlxkv.engine.local_engine import LocalEngine
 from mlxkv_inference import GenerationParams
-from mlxkv_inference.engine.generate import Generation
+from mlxkv_inference.generation.generate import Generation
 from mlxkv_inference.tokenizer.chat import encode_chat
 from mlxkv_serve import ServeConfig, build_app
 from tests.bindings import FailingBinding

@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 
 from mlxkv.engine.local_engine import LocalEngine
 from mlxkv_inference import GenerationParams
-from mlxkv_inference.engine.speculation import SpeculativeParams
+from mlxkv_inference.speculative.speculation import SpeculativeParams
 from mlxkv_inference.models.draft import layer_skip_draft
 from mlxkv_serve import ServeConfig, build_app
 from tests.factories import make_tiny_binding

@@ -11,11 +11,11 @@ import pytest
 
 from mlxkv_inference import Generation, GenerationParams, KvScheme, MlxAutoregressiveBinding, SamplingParams
 from mlxkv_inference.cache.reuse import covered_tokens
-from mlxkv_inference.engine.generate import GenerationResult
-from mlxkv_inference.engine.proposers import PromptLookup
-from mlxkv_inference.engine.scheduler import BatchScheduler
-from mlxkv_inference.engine.speculation import SpeculativeMode, SpeculativeParams, StepCosts, round_fits
-from mlxkv_inference.engine.speculator import COPY_RUN, Speculator
+from mlxkv_inference.generation.generate import GenerationResult
+from mlxkv_inference.speculative.proposers import PromptLookup
+from mlxkv_inference.scheduler.batch import BatchScheduler
+from mlxkv_inference.speculative.speculation import SpeculativeMode, SpeculativeParams, StepCosts, round_fits
+from mlxkv_inference.speculative.speculator import COPY_RUN, Speculator
 from mlxkv_inference.models.draft import layer_skip_draft
 from tests.factories import count_fed_tokens, make_prompt, make_tiny_binding
 
@@ -132,7 +132,7 @@ def test_a_round_stops_where_the_generation_does() -> None:
 
 
 def test_checkpoints_taken_during_speculation_resume_exactly() -> None:
-    from mlxkv_inference.engine.generate import CheckpointState, ResumePoint
+    from mlxkv_inference.generation.generate import CheckpointState, ResumePoint
 
     binding = _binding("plain")
     prompt = repetitive_prompt(30)
@@ -151,7 +151,7 @@ def test_checkpoints_taken_during_speculation_resume_exactly() -> None:
 def test_draft_checkpoints_keep_the_draft_caches_and_resume_without_reading_the_history_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from mlxkv_inference.cache.reuse import frozen_copy
-    from mlxkv_inference.engine.generate import CheckpointState, ResumePoint
+    from mlxkv_inference.generation.generate import CheckpointState, ResumePoint
 
     binding = _binding("plain")
     # The target's weights as a model of its own (a layer-skip draft copies the target's KV): its
@@ -230,7 +230,7 @@ def test_a_compiled_round_that_fails_leaves_single_steps_compiled(monkeypatch: p
 @pytest.mark.parametrize("name", ["plain", "recurrent"])
 def test_a_layer_skip_draft_copies_the_targets_first_layers_instead_of_reading_the_prompt(
         name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mlxkv_inference.engine.proposers import DraftModel
+    from mlxkv_inference.speculative.proposers import DraftModel
 
     binding = _binding(name)
     draft = layer_skip_draft(binding, MODELS[name][3])
@@ -252,7 +252,7 @@ def test_a_layer_skip_draft_copies_the_targets_first_layers_instead_of_reading_t
 
 def test_recurrent_rounds_roll_back_through_the_recurrent_layers_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     from mlxkv_inference.cache.recurrent import RecurrentCache
-    from mlxkv_inference.engine.speculation import Round
+    from mlxkv_inference.speculative.speculation import Round
 
     binding = _binding("recurrent")
     assert binding.replays_recurrence
@@ -444,7 +444,7 @@ class RepeatLast:
 
 
 def test_a_costly_proposer_that_keeps_missing_is_retried_ever_more_rarely() -> None:
-    from mlxkv_inference.engine.speculator import MAX_RETRY_EVERY, RETRY_EVERY
+    from mlxkv_inference.speculative.speculator import MAX_RETRY_EVERY, RETRY_EVERY
 
     costs = StepCosts()
     costs.record(1, 1.0)
@@ -467,7 +467,7 @@ def test_a_draft_models_first_reading_of_the_prompt_is_not_charged_to_its_drafts
     import time
 
     from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK
-    from mlxkv_inference.engine.proposers import DraftModel
+    from mlxkv_inference.speculative.proposers import DraftModel
 
     draft = make_tiny_binding("llama", seed=1)
     now = [0.0]

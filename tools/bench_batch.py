@@ -21,10 +21,10 @@ import time
 
 from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding, SamplingParams, load_binding  # first: the BLAS shim precedes mlx
 
-from mlxkv_inference.engine.generate import Generation  # noqa: E402
-from mlxkv_inference.engine.scheduler import STEP_MAX_ROWS, BatchScheduler  # noqa: E402
-from mlxkv_inference.engine.speculation import SpeculativeParams  # noqa: E402
-from mlxkv_inference.models.cpu_kernels import default_cpu_kernels  # noqa: E402
+from mlxkv_inference.generation.generate import Generation  # noqa: E402
+from mlxkv_inference.scheduler.batch import STEP_MAX_ROWS, BatchScheduler  # noqa: E402
+from mlxkv_inference.speculative.speculation import SpeculativeParams  # noqa: E402
+from mlxkv_inference.native.kernels import default_cpu_kernels  # noqa: E402
 from mlxkv_inference.tokenizer.chat import encode_chat  # noqa: E402
 from mlxkv.commands.serve import SERVE_PREFILL_STEP_MS  # noqa: E402
 from tools.bench_sampler import PROMPTS  # noqa: E402

@@ -4,7 +4,7 @@ Same model object (the embedded SmolLM2 unless --model), same prompt ids, EOS ig
 alternate and the medians are compared. Then one decode step is taken apart: the tied lm_head,
 the 30 layers, and the Python graph-building time, to show where the step's time goes.
 `--cpu-kernels native`: the native kernels, and a second copy of the model whose layers run as
-separate nodes (models/native_layer.py undone: the same tokens) as one more mode.
+separate nodes (native/layer.py undone: the same tokens) as one more mode.
 Run: `uv run python -m tools.bench_decode [--cpu-kernels native]`.
 """
 
@@ -19,8 +19,8 @@ from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBindi
 
 import mlx.core as mx  # noqa: E402, I001
 from mlxkv_inference._mlx_lm import mlx_lm_stream_responses, wrap_tokenizer
-from mlxkv_inference.models.cpu_kernels import CPU_KERNELS
-from mlxkv_inference.models.native_layer import separate_layers
+from mlxkv_inference.native.kernels import CPU_KERNELS
+from mlxkv_inference.native.layer import separate_layers
 from mlxkv_inference.tokenizer.gguf_tokenizer import GgufTokenizer
 from tools.bench_generate import time_stream
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, load_binding
 from mlxkv_inference._mlx_lm import mlx_lm_stream_responses, wrap_tokenizer
 from mlxkv_inference._blas import blas_description
-from mlxkv_inference.models.cpu_kernels import describe_cpu_kernels
+from mlxkv_inference.native.kernels import describe_cpu_kernels
 from mlxkv_inference.tokenizer.gguf_tokenizer import GgufTokenizer
 
 STORY = (

@@ -19,7 +19,7 @@ from typing import Any
 from mlxkv.engine.cache_services import build_tiers
 from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding, load_binding
 from mlxkv_inference._mlx_lm import mlx_lm_prompt_cache_turn
-from mlxkv_inference.engine.cached_generation import CachedGenerator
+from mlxkv_inference.generation.cached_generation import CachedGenerator
 from mlxkv_inference.tokenizer.chat import encode_chat
 from mlxkv_inference.tokenizer.gguf_tokenizer import GgufTokenizer
 

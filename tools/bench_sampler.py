@@ -18,7 +18,7 @@ from mlxkv_inference import SamplingParams, load_binding  # first: the BLAS shim
 
 import mlx.core as mx  # noqa: E402, I001
 
-from mlxkv_inference.engine.sampling import make_sampler  # noqa: E402
+from mlxkv_inference.generation.sampling import make_sampler  # noqa: E402
 from mlxkv_inference.tokenizer.chat import encode_chat  # noqa: E402
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain gravity briefly.",

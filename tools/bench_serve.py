@@ -43,8 +43,8 @@ from typing import Any
 import httpx
 
 from mlxkv_inference import GenerationParams, SamplingParams, load_binding
-from mlxkv_inference.engine.generate import Generation
-from mlxkv_inference.models.cpu_kernels import default_cpu_kernels
+from mlxkv_inference.generation.generate import Generation
+from mlxkv_inference.native.kernels import default_cpu_kernels
 from mlxkv_inference.tokenizer.chat import encode_chat
 from tests.server_process import ServerProcess
 from tools.mlx_lm_reference import MlxLmServer, write_mlx_lm_directory

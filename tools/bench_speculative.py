@@ -30,10 +30,10 @@ import sys
 
 from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, SamplingParams, load_binding  # first: the BLAS shim precedes mlx
 
-from mlxkv_inference.engine.generate import GenerationResult  # noqa: E402, I001
-from mlxkv_inference.engine.proposers import PromptLookup
-from mlxkv_inference.engine.speculation import SpeculativeParams, StepCosts
-from mlxkv_inference.engine.speculator import Speculator
+from mlxkv_inference.generation.generate import GenerationResult  # noqa: E402, I001
+from mlxkv_inference.speculative.proposers import PromptLookup
+from mlxkv_inference.speculative.speculation import SpeculativeParams, StepCosts
+from mlxkv_inference.speculative.speculator import Speculator
 from mlxkv_inference.models.draft import layer_skip_draft
 from mlxkv_inference.tokenizer.chat import encode_chat
 

@@ -11,7 +11,7 @@ import resource
 import mlx.core as mx
 
 from mlxkv_inference import GenerationParams
-from mlxkv_inference.engine.cached_generation import CachedGenerator
+from mlxkv_inference.generation.cached_generation import CachedGenerator
 from mlxkv_inference.prompt_cache import TieredPromptCache
 from tests.factories import make_prompt, make_tiny_binding
 

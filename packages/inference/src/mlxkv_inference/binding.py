@@ -20,14 +20,15 @@ from mlxkv_inference.cache.factory import LayerCache, make_caches, maybe_quantiz
 from mlxkv_inference.cache.kv import PlainKVCache
 from mlxkv_inference.cache.recurrent import RecurrentCache
 from mlxkv_inference.kv_scheme import KvScheme
-from mlxkv_inference.models import batched
-from mlxkv_inference.models.cpu_kernels import FLOAT32_ACTIVATIONS, CpuKernels, use_float32_parameters, use_native_kernels
-from mlxkv_inference.models.native_attention import NATIVE_ATTENTION, use_native_attention
-from mlxkv_inference.models.native_layer import use_native_layers
-from mlxkv_inference.models.native_mlp import NATIVE_SWIGLU, use_native_swiglu
-from mlxkv_inference.models.native_norm import NATIVE_RMS_NORM, use_native_rms_norm
-from mlxkv_inference.models.recurrent_replay import use_recurrent_replay
-from mlxkv_inference.engine.speculation import Round, StepCosts, round_fits
+from mlxkv_inference.native import batched
+from mlxkv_inference.native.graphs import can_batch
+from mlxkv_inference.native.kernels import FLOAT32_ACTIVATIONS, CpuKernels, use_float32_parameters, use_native_kernels
+from mlxkv_inference.native.attention import NATIVE_ATTENTION, use_native_attention
+from mlxkv_inference.native.layer import use_native_layers
+from mlxkv_inference.native.mlp import NATIVE_SWIGLU, use_native_swiglu
+from mlxkv_inference.native.norm import NATIVE_RMS_NORM, use_native_rms_norm
+from mlxkv_inference.cache.recurrent_replay import use_recurrent_replay
+from mlxkv_inference.speculative.speculation import Round, StepCosts, round_fits
 from mlxkv_inference.tokenizer.protocol import Tokenizer
 
 DEFAULT_PREFILL_CHUNK = 512
@@ -131,7 +132,7 @@ class MlxAutoregressiveBinding:
 
     @property
     def native_sampler(self) -> bool:
-        """Whether seeded sampling runs the native kernel (see `engine.sampling`)."""
+        """Whether seeded sampling runs the native kernel (see `generation.sampling`)."""
         return self.cpu_kernels == "native"
 
     @property
@@ -270,7 +271,7 @@ class MlxAutoregressiveBinding:
     @property
     def replays_recurrence(self) -> bool:
         """Whether a round's recurrent layers feed kept positions again by themselves (see
-        `models/recurrent_replay.py`), probed bitwise against feeding them through the model."""
+        `cache/recurrent_replay.py`), probed bitwise against feeding them through the model."""
         return self.verifies_positions() and self._replays
 
     def _calibrate_step_costs(self, forward: Callable[[mx.array, list[LayerCache]], mx.array | None] | None = None) -> None:
@@ -350,10 +351,10 @@ class MlxAutoregressiveBinding:
 
     def can_decode_batch(self, caches: Sequence[Sequence[LayerCache]], rows: int | None = None) -> bool:
         """Whether `decode_batch` runs these sequences (`rows` positions in all, default one
-        each) exactly as each would run alone: the graph is one `models.batched` drives and every
+        each) exactly as each would run alone: the graph is one `native.batched` drives and every
         matmul kind of the model is row-invariant (probed once, for up to `rows` rows)."""
         rows = len(caches) if rows is None else rows
-        if self._invariant_rows < 0 or not batched.can_batch(self.model, self.config, caches):
+        if self._invariant_rows < 0 or not can_batch(self.model, self.config, caches):
             return False
         if rows > self._invariant_rows:
             # Twice what was probed: a batch that outgrew it (speculative rounds add rows) stalls

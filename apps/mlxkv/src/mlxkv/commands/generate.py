@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxkv_inference import Grammar, GenerationResult, compile_grammar, load_binding
-from mlxkv_inference.engine.cached_generation import CachedGenerator
+from mlxkv_inference.generation.cached_generation import CachedGenerator
 from mlxkv_inference.tokenizer.chat import encode_chat
 
 from mlxkv.commands.options import (

@@ -10,11 +10,11 @@ from mlxkv.paths import DEFAULT_SSD_BYTES, default_cache_dir, default_ram_cache_
 from mlxkv_inference import DEFAULT_PREFILL_CHUNK, DEFAULT_QUANTIZED_KV_START, GenerationParams, KvScheme, SamplingParams
 from mlxkv_inference import MlxAutoregressiveBinding
 from mlxkv_inference._blas import blas_description
-from mlxkv_inference.engine.speculation import (
+from mlxkv_inference.speculative.speculation import (
     DEFAULT_NUM_DRAFT_TOKENS, MAX_NUM_DRAFT_TOKENS, SPECULATIVE_MODES, SpeculativeMode, SpeculativeParams,
 )
 from mlxkv_inference.models.draft import check_draft_tokenizer, layer_skip_draft
-from mlxkv_inference.models.cpu_kernels import (
+from mlxkv_inference.native.kernels import (
     CPU_KERNELS, CpuKernels, check_cpu_kernels, default_cpu_kernels, describe_cpu_kernels,
 )
 

@@ -15,7 +15,7 @@ from typing import Any
 import uvicorn
 
 from mlxkv_inference import MlxAutoregressiveBinding, load_binding
-from mlxkv_inference.engine.scheduler import DEFAULT_MAX_BATCH, STEP_MAX_ROWS
+from mlxkv_inference.scheduler.batch import DEFAULT_MAX_BATCH, STEP_MAX_ROWS
 from mlxkv_serve import ServeConfig, bounded_http_protocol, build_app
 from mlxkv_serve.config import loopback_hosts
 

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from mlxkv_inference import MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
-from mlxkv_inference.engine.proposers import DraftState
+from mlxkv_inference.speculative.proposers import DraftState
 from mlxkv_inference.prompt_cache import ColdHit, ColdRestored, ColdTier, TieredPromptCache
 from mlxkv_ssd_cache import (
     DEFAULT_CHECKPOINT_TTL_S, CacheHit, KvIdentity, RestoredState, SsdCacheStore, StoreStats,

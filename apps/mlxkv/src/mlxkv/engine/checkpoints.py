@@ -16,7 +16,7 @@ from typing import Protocol
 from mlxkv_inference import GenerationParams
 from mlxkv_inference.background_writer import BackgroundWriter, FlushReport
 from mlxkv_inference.cache.factory import LayerCache
-from mlxkv_inference.engine.proposers import DraftState
+from mlxkv_inference.speculative.proposers import DraftState
 from mlxkv_ssd_cache import KvIdentity, StoreStats
 from mlxkv_state.header import GenerationCheckpoint
 

@@ -16,10 +16,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 from mlxkv_inference import GenerationParams, Grammar, MlxAutoregressiveBinding, SamplingParams, compile_grammar
-from mlxkv_inference.engine.cached_generation import CachedGenerator
-from mlxkv_inference.engine.generate import CheckpointState, Generation, ResumePoint, TextDelta
-from mlxkv_inference.engine.scheduler import DEFAULT_MAX_BATCH, BatchScheduler
-from mlxkv_inference.engine.speculation import SpeculativeParams
+from mlxkv_inference.generation.cached_generation import CachedGenerator
+from mlxkv_inference.generation.generate import CheckpointState, Generation, ResumePoint, TextDelta
+from mlxkv_inference.scheduler.batch import DEFAULT_MAX_BATCH, BatchScheduler
+from mlxkv_inference.speculative.speculation import SpeculativeParams
 from mlxkv_inference.prompt_cache import ColdRestored, TieredPromptCache
 from mlxkv_inference.tokenizer.chat import encode_chat, template_takes_tools
 from mlxkv_serve import (

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxkv_inference import Grammar
-from mlxkv_inference.engine.constraint import JSON_LAYOUT
+from mlxkv_inference.generation.constraint import JSON_LAYOUT
 from mlxkv_serve import ChatMessage, GenerateRequest, Tool, ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"

@@ -4,9 +4,9 @@ The state summarises every token seen, so it cannot be trimmed and holds no per-
 Speculative rounds snapshot the state (MLX arrays are immutable, so a snapshot is a list of
 references). Keeping part of a round restores the pre-round state and feeds the kept positions
 again: through the layer's recurrence alone where its layer recorded how on the round's forward
-(`models/recurrent_replay.py`), else the engine feeds the kept tokens through the whole model.
+(`cache/recurrent_replay.py`), else the round feeds the kept tokens through the whole model.
 Both are bitwise what single steps give where the model passed the probes (see
-`engine/speculation.py` and `MlxAutoregressiveBinding.verifies_positions`).
+`speculative/speculation.py` and `MlxAutoregressiveBinding.verifies_positions`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from mlxkv_inference import _mlx_lm
 from mlxkv_inference.binding import MlxAutoregressiveBinding
 from mlxkv_inference.kv_scheme import KvScheme
 from mlxkv_inference.errors import ModelLoadError
-from mlxkv_inference.models.cpu_kernels import CpuKernels
+from mlxkv_inference.native.kernels import CpuKernels
 from mlxkv_inference.models.embedded import EMBEDDED_MODEL_ID, embedded_model_path
 from mlxkv_inference.models.gguf import load_gguf
 from mlxkv_inference.models.weights_digest import weights_digest

@@ -27,8 +27,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from mlxkv_inference.engine.proposers import DraftModel, Proposer, PromptLookup
-from mlxkv_inference.engine.speculation import SpeculativeParams, StepCosts
+from mlxkv_inference.speculative.proposers import DraftModel, Proposer, PromptLookup
+from mlxkv_inference.speculative.speculation import SpeculativeParams, StepCosts
 
 DECAY = 0.9  # weight of earlier rounds in the acceptance estimate
 RETRY_EVERY = 16

@@ -20,10 +20,10 @@ import mlx.core as mx
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, Interrupt, MlxAutoregressiveBinding, evaluate_layers
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.reuse import covered_tokens
-from mlxkv_inference.engine.constraint import GrammarConstraint
-from mlxkv_inference.engine.logits import LogitsProcessor
-from mlxkv_inference.engine.sampling import Sampler
-from mlxkv_inference.engine.speculation import Round
+from mlxkv_inference.generation.constraint import GrammarConstraint
+from mlxkv_inference.generation.logits import LogitsProcessor
+from mlxkv_inference.generation.sampling import Sampler
+from mlxkv_inference.speculative.speculation import Round
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class SequenceRun:
 
     def sample_round(self, logits: mx.array) -> list[TokenStep]:
         """Tokens from the (L, vocab) logits of the open round: position i's sample, while the
-        previous sample equals the draft fed at position i (see `engine/speculation.py`)."""
+        previous sample equals the draft fed at position i (see `speculative/speculation.py`)."""
         assert self._round is not None
         fed = self._round[1]
         steps = [self.sample(logits[0:1])]

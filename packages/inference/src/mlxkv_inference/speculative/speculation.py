@@ -13,7 +13,7 @@ states where that does not hold), and the sampler's key depends on (seed, step) 
 
 Rolling back: KV caches drop the rejected positions by trimming; recurrent caches go back to
 their pre-round state and the kept positions are fed again: through each recurrent layer alone,
-from the inputs it recorded on the round's forward (`models/recurrent_replay.py`, where the binding
+from the inputs it recorded on the round's forward (`cache/recurrent_replay.py`, where the binding
 probed it exact), else through the whole model in one forward (exact for the same reason).
 """
 

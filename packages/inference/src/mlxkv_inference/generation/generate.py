@@ -12,15 +12,15 @@ import mlx.core as mx
 
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, Interrupt, MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
-from mlxkv_inference.engine.constraint import Grammar, GrammarConstraint
-from mlxkv_inference.engine.detokenizer import IncrementalDetokenizer
-from mlxkv_inference.engine.logits import context_window, make_logits_processors
+from mlxkv_inference.generation.constraint import Grammar, GrammarConstraint
+from mlxkv_inference.generation.detokenizer import IncrementalDetokenizer
+from mlxkv_inference.generation.logits import context_window, make_logits_processors
 from mlxkv_inference.cache.reuse import all_trimmable, covered_tokens, frozen_copy
-from mlxkv_inference.engine.loop import Ahead, Decoder, Drawn, PrefillProgress, SequenceRun, TokenStep
-from mlxkv_inference.engine.proposers import DraftModel, DraftState, PromptLookup, Proposer
-from mlxkv_inference.engine.sampling import SamplingParams, choose_seed, make_sampler
-from mlxkv_inference.engine.speculation import SpeculativeParams, round_fits
-from mlxkv_inference.engine.speculator import Speculator
+from mlxkv_inference.generation.loop import Ahead, Decoder, Drawn, PrefillProgress, SequenceRun, TokenStep
+from mlxkv_inference.speculative.proposers import DraftModel, DraftState, PromptLookup, Proposer
+from mlxkv_inference.generation.sampling import SamplingParams, choose_seed, make_sampler
+from mlxkv_inference.speculative.speculation import SpeculativeParams, round_fits
+from mlxkv_inference.speculative.speculator import Speculator
 
 FinishReason = Literal["stop", "length", "cancelled"]
 

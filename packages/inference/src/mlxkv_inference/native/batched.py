@@ -9,8 +9,8 @@
     RoPE, cache update, attention:        per sequence, its L_i positions against its own
                                            cache (no padding), as its own forward runs them;
                                            with native attention one kernel call a layer for
-                                           all sequences (models/native_attention.py)
-    all of a layer, natively:              one node (models/native_layer.py), the same bits
+                                           all sequences (native/attention.py)
+    all of a layer, natively:              one node (native/layer.py), the same bits
 
 Every batched operation is row-wise (a row's result depends on that row only) when the matmul
 kernels are row-invariant; `row_invariant_kinds` checks that per weight kind, and a step whose
@@ -27,33 +27,19 @@ import mlx.nn as nn
 
 from mlxkv_inference import _mlx_lm
 from mlxkv_inference.cache.factory import LayerCache
-from mlxkv_inference.cache.recurrent import RecurrentCache
-from mlxkv_inference.models.cpu_kernels import project
-from mlxkv_inference.models.native_attention import NativeSequence, attend_rows, native_sequence, uses_native_attention
-from mlxkv_inference.models.native_layer import fused_forward
+from mlxkv_inference.native.graphs import can_batch
+from mlxkv_inference.native.kernels import project
+from mlxkv_inference.native.attention import NativeSequence, attend_rows, native_sequence, uses_native_attention
+from mlxkv_inference.native.layer import fused_forward
 
-# Graphs whose layers are (input norm, self_attn, post norm, mlp) with q/k/v/o projections.
-BATCHABLE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 # Layers built between two `async_eval`s of the step's hidden state: the first layers' kernels run
 # while Python builds the rest. With a layer in ~11 nodes (~550 a step at 8 rows) it also kept MLX
 # (0.32: at most ~100 CPU dispatches in flight an eval) from blocking the Python that builds the
 # step (a /tmp same-process A/B of pipelined 8-row steps: 0.92x the step time). With one node a
-# layer (models/native_layer.py) the step is ~40 nodes and the overlap is what is left (/tmp A/B
+# layer (native/layer.py) the step is ~40 nodes and the overlap is what is left (/tmp A/B
 # of 1, 4 and 8 sequences' steps at 300 positions, medians: every 4 layers 10.2, 17.3, 28.5 ms;
 # every 8 9.7, 17.0, 28.5; never 11.0, 17.4, 29.8; every 2 10.1, 17.0, 29.0). Same values either way.
 LAYERS_PER_DISPATCH = 4
-
-
-def can_batch(model: nn.Module, config: dict[str, Any], caches: Sequence[Sequence[LayerCache]]) -> bool:
-    """Whether `decode_batch` can drive this model with these caches."""
-    if config.get("model_type") not in BATCHABLE_MODEL_TYPES:
-        return False
-    if any(t != "full_attention" for t in (config.get("layer_types") or ())):
-        return False
-    inner: Any = getattr(model, "model", None)
-    if inner is None or not hasattr(inner, "embed_tokens") or not hasattr(inner, "norm"):
-        return False
-    return not any(isinstance(c, RecurrentCache) for row in caches for c in row)
 
 
 def rows_invariant(model: nn.Module, max_rows: int, checked: int = 1) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxkv_inference.models.mixins import mix_into
+from mlxkv_inference.mixins import mix_into
 
 __all__ = ["NATIVE_RMS_NORM", "NativeRmsNormMixin", "use_native_rms_norm"]
 

@@ -21,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxkv_inference.cache.recurrent import RecurrentCache
-from mlxkv_inference.models.mixins import mix_into
+from mlxkv_inference.mixins import mix_into
 
 __all__ = ["use_recurrent_replay"]
 

@@ -18,9 +18,9 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxkv_inference.models.cpu_kernels import NativeQuantizedLinear
-from mlxkv_inference.models.mixins import mix_into
-from mlxkv_inference.models.native_attention import (
+from mlxkv_inference.native.kernels import NativeQuantizedLinear
+from mlxkv_inference.mixins import mix_into
+from mlxkv_inference.native.attention import (
     KernelRope,
     first_positions,
     head_dim,
@@ -29,8 +29,8 @@ from mlxkv_inference.models.native_attention import (
     native_sequence,
     uses_native_attention,
 )
-from mlxkv_inference.models.native_mlp import NativeSwigluMixin
-from mlxkv_inference.models.native_norm import NativeRmsNormMixin
+from mlxkv_inference.native.mlp import NativeSwigluMixin
+from mlxkv_inference.native.norm import NativeRmsNormMixin
 
 __all__ = ["fused_forward", "separate_layers", "use_native_layers"]
 

@@ -20,7 +20,8 @@ import mlx.nn as nn
 
 from mlxkv_inference.cache.kv import PlainKVCache
 from mlxkv_inference.cache.slots import PlainKvDecodeSlot
-from mlxkv_inference.models.cpu_kernels import project
+from mlxkv_inference.native.graphs import can_batch
+from mlxkv_inference.native.kernels import project
 
 __all__ = ["attend_rows", "first_positions", "head_dim", "keep_written", "native_sequence", "uses_native_attention", "use_native_attention"]
 
@@ -158,8 +159,6 @@ def use_native_attention(model: nn.Module, config: dict[str, Any]) -> bool:
     serves (llama-style layers, float32 activations, head size a multiple of 16 up to 256, at
     most 64 query heads per kv head);
     returns whether it did."""
-    from mlxkv_inference.models.batched import can_batch
-
     inner: Any = getattr(model, "model", None)
     if not can_batch(model, config, []) or inner is None:
         return False

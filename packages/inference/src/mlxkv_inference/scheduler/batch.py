@@ -24,7 +24,7 @@ prompt's next turn, to the same values.
 Where the model's forward is chunk-invariant (`verifies_positions`: L positions in one forward are
 bitwise L single steps), a chunk is cut to the budget left; otherwise a generation's chunks keep
 the boundaries it has when run alone. Its batched decode rows are bitwise its lone rows when the
-model's matmul kernels are row-invariant (checked once per model; see `models.batched`). Otherwise
+model's matmul kernels are row-invariant (checked once per model; see `native.batched`). Otherwise
 each row runs its own graph inside the same step: slower, still exact.
 """
 
@@ -39,7 +39,7 @@ import mlx.core as mx
 
 from mlxkv_inference import _mlx_lm
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, Interrupt, MlxAutoregressiveBinding
-from mlxkv_inference.engine.generate import Generation, TextDelta
+from mlxkv_inference.generation.generate import Generation, TextDelta
 
 DEFAULT_MAX_BATCH = 8
 MIN_TIMED_CHUNK = 8  # the fewest prompt tokens a time-bounded prefill step feeds

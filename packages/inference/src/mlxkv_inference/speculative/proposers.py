@@ -1,7 +1,7 @@
 """Draft proposers: where a speculative round's guesses come from.
 
 Drafts only decide how many tokens a round can accept, never which tokens are produced (see
-`engine/speculation.py`), so a proposer may be as approximate as it likes.
+`speculative/speculation.py`), so a proposer may be as approximate as it likes.
 """
 
 from __future__ import annotations

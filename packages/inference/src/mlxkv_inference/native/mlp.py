@@ -15,8 +15,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxkv_inference.models.cpu_kernels import project
-from mlxkv_inference.models.mixins import mix_into
+from mlxkv_inference.native.kernels import project
+from mlxkv_inference.mixins import mix_into
 
 __all__ = ["NATIVE_SWIGLU", "use_native_swiglu"]
 

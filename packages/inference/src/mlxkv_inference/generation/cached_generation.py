@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from mlxkv_inference.binding import MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.reuse import all_trimmable
-from mlxkv_inference.engine.generate import CheckpointState, Generation, GenerationParams, ResumePoint
-from mlxkv_inference.engine.loop import PrefillProgress
+from mlxkv_inference.generation.generate import CheckpointState, Generation, GenerationParams, ResumePoint
+from mlxkv_inference.generation.loop import PrefillProgress
 from mlxkv_inference.prompt_cache.cold_tier import ColdRestored
 from mlxkv_inference.prompt_cache.tiered import Fetched, TieredPromptCache
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 
 import mlx.core as mx
 
-from mlxkv_inference.engine.sampling import SamplingParams
+from mlxkv_inference.generation.sampling import SamplingParams
 
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 

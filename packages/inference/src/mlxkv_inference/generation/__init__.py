@@ -1,0 +1,1 @@
+"""generation: the AR loop, the running sequence, sampler, logits processors, grammar and detokenizer."""

@@ -1,0 +1,1 @@
+"""scheduler: which sequences run together, and when a waiting request may start."""
