@@ -8,6 +8,7 @@ from pathlib import Path
 import gguf
 import mlx.core as mx
 import numpy as np
+import pytest
 
 from mlxkv.engine.cache_services import build_tiers
 from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding
@@ -22,10 +23,16 @@ FIBONACCI = "def fibonacci(n):"
 LLAMA_CPP_FIBONACCI = "\n    if n == 0:\n        return 0\n    elif n == 1"  # llama.cpp's greedy continuation
 
 
-def test_gemma3_every_tensor_equals_the_reference_dequantization(gemma3_path: Path) -> None:
-    weights, _ = read_gguf(gemma3_path)
+@pytest.fixture(scope="module")
+def gemma3_file(gemma3_path: Path) -> tuple[dict[str, mx.array], gguf.GGUFReader]:
+    """The file as mlxkv reads it, and gguf's reader over it."""
+    return read_gguf(gemma3_path)[0], gguf.GGUFReader(gemma3_path)
+
+
+def test_gemma3_every_tensor_equals_the_reference_dequantization(gemma3_file: tuple[dict[str, mx.array], gguf.GGUFReader]) -> None:
+    weights, reader = gemma3_file
     types: dict[str, int] = {}
-    for tensor in gguf.GGUFReader(gemma3_path).tensors:
+    for tensor in reader.tensors:
         base = tensor.name.removesuffix(".weight")
         reference = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         assert np.array_equal(dequantized(weights, base), reference), tensor.name
@@ -33,9 +40,10 @@ def test_gemma3_every_tensor_equals_the_reference_dequantization(gemma3_path: Pa
     assert types == {"F32": 109, "Q5_0": 81, "Q4_K": 27, "Q8_0": 10, "Q6_K": 9}
 
 
-def test_gemma3_norm_weights_come_back_exactly_as_stored(gemma3: MlxAutoregressiveBinding, gemma3_path: Path) -> None:
+def test_gemma3_norm_weights_come_back_exactly_as_stored(gemma3: MlxAutoregressiveBinding,
+                                                         gemma3_file: tuple[dict[str, mx.array], gguf.GGUFReader]) -> None:
     # llama.cpp stores 1 + w; the model holds w and adds the 1 at run time: the sum must be bitwise the stored value.
-    stored, _ = read_gguf(gemma3_path)
+    stored, _ = gemma3_file
     layer = gemma3.model.model.layers[7]
     assert mx.array_equal(1.0 + layer.pre_feedforward_layernorm.weight, stored["blk.7.ffn_norm.weight"]).item()
     assert mx.array_equal(1.0 + layer.self_attn.k_norm.weight, stored["blk.7.attn_k_norm.weight"]).item()
@@ -53,7 +61,7 @@ def test_gemma3_tokenizer_gives_gemma_s_own_ids(gemma3: MlxAutoregressiveBinding
 
 def test_gemma3_continues_fibonacci_as_llama_cpp_does(gemma3_native: MlxAutoregressiveBinding) -> None:
     prompt = gemma3_native.tokenizer.encode(FIBONACCI)
-    result = Generation(gemma3_native, prompt, GenerationParams(max_tokens=16)).run()
+    result = Generation(gemma3_native, prompt, GenerationParams(max_tokens=24)).run()
     assert result.text.startswith(LLAMA_CPP_FIBONACCI)
 
 
