@@ -73,13 +73,15 @@ def main() -> None:
     parser.add_argument("--prefill-chunk", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--no-native", dest="native", action="store_false", help="only mlx-lm and mlxkv mlx")
+    parser.add_argument("--native-only", action="store_true",
+                        help="only mlxkv native (the MLX-kernel runs of a long prompt can take many minutes)")
     args = parser.parse_args()
     if args.model == "gemma3-270m":
         args.model = gemma3_270m_path(default_cache_dir())
     print(f"cpu {cpu_model()}, {os.cpu_count()} cores")
-    binding = load_binding(args.model, cpu_kernels="mlx")
-    bindings = {"mlx-lm": binding, "mlxkv mlx": binding}
-    if args.native:
+    binding = load_binding(args.model, cpu_kernels="native" if args.native_only else "mlx")
+    bindings = {"mlxkv native": binding} if args.native_only else {"mlx-lm": binding, "mlxkv mlx": binding}
+    if args.native and not args.native_only:
         bindings["mlxkv native"] = load_binding(args.model, cpu_kernels="native")
     runners: dict[str, Callable[..., Timing]] = {"mlx-lm": theirs, "mlxkv mlx": ours, "mlxkv native": ours}
     print(f"model {binding.model_id}: {args.gen_tokens} generated, chunk {args.prefill_chunk}, "
@@ -114,7 +116,7 @@ def report(prompt_tokens: int, results: dict[str, list[Timing]]) -> None:
         name: Timing(statistics.median(t.prefill_tps for t in ts), statistics.median(t.decode_tps for t in ts))
         for name, ts in results.items()
     }
-    ref = medians["mlx-lm"]
+    ref = medians.get("mlx-lm", next(iter(medians.values())))
     print(f"prompt {prompt_tokens} tokens:")
     for name, m in medians.items():
         print(f"  {name:12s} prefill {m.prefill_tps:8.2f} tok/s ({m.prefill_tps / ref.prefill_tps:6.2f}x)"

@@ -21,7 +21,7 @@ import numpy as np
 
 from mlxkv_inference import _mlx_lm
 from mlxkv_inference.errors import ModelLoadError, UnsupportedModelError
-from mlxkv_inference.models.gguf_quants import AffineWeight, convert_tensor, supported_type_names
+from mlxkv_inference.models.gguf_quants import AFFINE_BITS, DENSE_TYPES, AffineWeight, convert_tensor, supported_type_names
 
 __all__ = ["read_gguf", "scalar"]
 
@@ -64,13 +64,15 @@ def _read_with_gguf(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
     weights: dict[str, mx.array] = {}
     for tensor in reader.tensors:
         shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists the innermost axis first
-        try:
-            converted = convert_tensor(tensor.tensor_type, tensor.data, shape)
-        except ValueError as e:
+        if tensor.tensor_type not in AFFINE_BITS and tensor.tensor_type not in DENSE_TYPES:
             raise UnsupportedModelError(
                 f"GGUF tensor {tensor.name!r} of architecture {architecture!r} has type {tensor.tensor_type.name}, "
                 f"which mlxkv cannot load; supported: {', '.join(supported_type_names())}"
-            ) from e
+            )
+        try:
+            converted = convert_tensor(tensor.tensor_type, tensor.data, shape)
+        except ValueError as e:  # blocks that do not fill the tensor's shape
+            raise ModelLoadError(f"GGUF tensor {tensor.name!r} in {path} cannot be converted: {e}") from e
         weights.update(_as_mlx(tensor.name, converted))
     return weights, metadata
 
