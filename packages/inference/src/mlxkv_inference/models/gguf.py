@@ -1,8 +1,9 @@
-"""GGUF -> mlx-lm llama model.
+"""GGUF -> mlx-lm model (llama, gemma3).
 
-`mx.load` returns GGUF's Q4_0/Q4_1/Q8_0 tensors as MLX affine triples (weight, scales, biases)
-and the metadata. This module maps GGUF tensor names to mlx-lm's, undoes the Q/K row permutation
-llama.cpp applies for its rope layout, and quantizes the model's layers to match each triple.
+`gguf_reader` returns GGUF's tensors as MLX affine triples (weight, scales, biases) or float
+arrays, and the metadata. This module maps GGUF tensor names to mlx-lm's, undoes the Q/K row
+permutation llama.cpp applies to llama for its rope layout (`gguf_gemma3`: Gemma's conventions),
+and quantizes the model's layers to match each triple.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ import mlx.nn as nn
 
 from mlxkv_inference import _mlx_lm
 from mlxkv_inference.errors import ModelLoadError, UnsupportedModelError
+from mlxkv_inference.models.gguf_gemma3 import GEMMA3_LAYER_NAMES, gemma3_config, unshift_norms
+from mlxkv_inference.models.gguf_quants import GROUP_SIZE
+from mlxkv_inference.models.gguf_reader import read_gguf, scalar
 
-SUPPORTED_ARCHITECTURES = ("llama",)
-# GGUF tensor types MLX's loader returns as affine-quantized triples, and the plain float types.
-SUPPORTED_FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0"}
-GGUF_BLOCK_SIZE = 32
+SUPPORTED_ARCHITECTURES = ("llama", "gemma3")
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -45,7 +46,7 @@ _TOP = re.compile(r"^([a-z_]+)\.(weight|scales|biases|bias)$")
 
 @dataclass(frozen=True, slots=True)
 class GgufModel:
-    """A llama model built from a GGUF file, with the metadata the tokenizer needs."""
+    """An mlx-lm model built from a GGUF file, with the metadata the tokenizer needs."""
 
     model: nn.Module
     config: dict[str, Any]
@@ -53,15 +54,17 @@ class GgufModel:
 
 
 def load_gguf(path: Path) -> GgufModel:
-    """Load a llama-architecture GGUF file into mlx-lm's llama model (float32 activations)."""
-    try:
-        weights, metadata = _mlx_lm.load_gguf_file(str(path))
-    except (RuntimeError, ValueError, OSError) as e:
-        raise ModelLoadError(f"cannot read GGUF file {path}: {e}") from e
+    """Load a llama or gemma3 GGUF file into mlx-lm's model (float32 activations)."""
+    weights, metadata = read_gguf(path)
     config = gguf_config(metadata, weights)
-    mapped = {_map_name(name): _upcast(t) for name, t in weights.items()}
-    _unpermute_qk(mapped, config)
+    layer_names = _LAYER_NAMES if config["model_type"] == "llama" else GEMMA3_LAYER_NAMES
+    mapped = {_map_name(name, layer_names): _upcast(t) for name, t in weights.items()}
+    if config["model_type"] == "llama":
+        _unpermute_qk(mapped, config)
+    else:
+        unshift_norms(mapped)
     model = _mlx_lm.build_model(config)
+    mapped = _mlx_lm.sanitize(model, mapped)  # a tied model drops its lm_head here
     _quantize_like(model, mapped)
     model.load_weights(list(mapped.items()), strict=True)
     _mlx_lm.eval_parameters(model)
@@ -70,55 +73,44 @@ def load_gguf(path: Path) -> GgufModel:
 
 
 def gguf_config(metadata: dict[str, Any], weights: dict[str, mx.array]) -> dict[str, Any]:
-    """mlx-lm llama config from `llama.*` metadata; raises on unsupported features."""
+    """mlx-lm config from `llama.*` or `gemma3.*` metadata; raises on unsupported features."""
     arch = str(metadata.get("general.architecture", ""))
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(
             f"GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
-    file_type = _scalar(metadata, "general.file_type", default=-1)
-    if file_type not in SUPPORTED_FILE_TYPES:
-        names = ", ".join(SUPPORTED_FILE_TYPES.values())
-        raise UnsupportedModelError(f"GGUF file type {file_type} is not supported; supported: {names}")
+    if arch == "gemma3":
+        return gemma3_config(metadata, weights)
     if "llama.rope.scaling.type" in metadata or "rope_freqs.weight" in weights:
         raise UnsupportedModelError("GGUF rope scaling is not supported (plain llama rope only)")
-    heads = int(_scalar(metadata, "llama.attention.head_count"))
-    hidden = int(_scalar(metadata, "llama.embedding_length"))
-    head_dim = int(_scalar(metadata, "llama.attention.key_length", default=hidden // heads))
-    vocab = int(_scalar(metadata, "llama.vocab_size", default=len(metadata.get("tokenizer.ggml.tokens", []))))
+    heads = int(scalar(metadata, "llama.attention.head_count"))
+    hidden = int(scalar(metadata, "llama.embedding_length"))
+    head_dim = int(scalar(metadata, "llama.attention.key_length", default=hidden // heads))
+    vocab = int(scalar(metadata, "llama.vocab_size", default=len(metadata.get("tokenizer.ggml.tokens", []))))
     return {
         "model_type": "llama",
         "hidden_size": hidden,
-        "num_hidden_layers": int(_scalar(metadata, "llama.block_count")),
-        "intermediate_size": int(_scalar(metadata, "llama.feed_forward_length")),
+        "num_hidden_layers": int(scalar(metadata, "llama.block_count")),
+        "intermediate_size": int(scalar(metadata, "llama.feed_forward_length")),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(_scalar(metadata, "llama.attention.head_count_kv", default=heads)),
+        "num_key_value_heads": int(scalar(metadata, "llama.attention.head_count_kv", default=heads)),
         "head_dim": head_dim,
-        "rms_norm_eps": float(_scalar(metadata, "llama.attention.layer_norm_rms_epsilon")),
+        "rms_norm_eps": float(scalar(metadata, "llama.attention.layer_norm_rms_epsilon")),
         "vocab_size": vocab,
-        "rope_theta": float(_scalar(metadata, "llama.rope.freq_base", default=10000.0)),
-        "max_position_embeddings": int(_scalar(metadata, "llama.context_length", default=2048)),
+        "rope_theta": float(scalar(metadata, "llama.rope.freq_base", default=10000.0)),
+        "max_position_embeddings": int(scalar(metadata, "llama.context_length", default=2048)),
         "tie_word_embeddings": "output.weight" not in weights,
     }
 
 
-def _scalar(metadata: dict[str, Any], key: str, default: Any = None) -> Any:
-    if key not in metadata:
-        if default is None:
-            raise ModelLoadError(f"GGUF metadata lacks {key!r}")
-        return default
-    value = metadata[key]
-    return value.item() if isinstance(value, mx.array) else value
-
-
-def _map_name(name: str) -> str:
+def _map_name(name: str, layer_names: dict[str, str]) -> str:
     if m := _BLOCK.match(name):
         layer, part, leaf = m.groups()
-        if part in _LAYER_NAMES:
-            return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{leaf}"
+        if part in layer_names:
+            return f"model.layers.{layer}.{layer_names[part]}.{leaf}"
     elif (m := _TOP.match(name)) and m.group(1) in _TOP_NAMES:
         return f"{_TOP_NAMES[m.group(1)]}.{m.group(2)}"
-    raise UnsupportedModelError(f"GGUF tensor {name!r} has no llama counterpart")
+    raise UnsupportedModelError(f"GGUF tensor {name!r} has no mlx-lm counterpart")
 
 
 def _upcast(t: mx.array) -> mx.array:
@@ -151,9 +143,9 @@ def _quantize_like(model: nn.Module, weights: dict[str, mx.array]) -> None:
         scales = weights.get(prefix + ".scales")
         if scales is None:
             raise ModelLoadError(f"quantized GGUF tensor {name!r} has no scales")
-        # GGUF's Q4_0, Q4_1 and Q8_0 blocks all hold 32 values: one block is one MLX group.
-        in_features = scales.shape[-1] * GGUF_BLOCK_SIZE
-        layouts[prefix] = {"group_size": GGUF_BLOCK_SIZE, "bits": w.shape[-1] * 32 // in_features}
+        # Every GGUF type read as a triple has groups of 32 (K-quants: 8 to a super-block).
+        in_features = scales.shape[-1] * GROUP_SIZE
+        layouts[prefix] = {"group_size": GROUP_SIZE, "bits": w.shape[-1] * 32 // in_features}
 
     def predicate(path: str, module: nn.Module) -> bool | dict[str, int]:
         return layouts.get(path, False)

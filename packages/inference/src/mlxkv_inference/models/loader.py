@@ -1,4 +1,4 @@
-"""Load a model by path: the embedded GGUF, any llama GGUF file, or a local mlx-lm directory.
+"""Load a model by path: the embedded GGUF, a llama or gemma3 GGUF file, or a local mlx-lm directory.
 
 Nothing is downloaded: a path that does not exist is an error, never a hub lookup.
 """

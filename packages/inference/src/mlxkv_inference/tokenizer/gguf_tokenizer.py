@@ -1,4 +1,5 @@
-"""A byte-level BPE tokenizer rebuilt from GGUF metadata (vocab, merges, token types)."""
+"""A tokenizer rebuilt from GGUF metadata: byte-level BPE (vocab, merges, token types), or
+SentencePiece-style BPE (pieces, scores: `gguf_spm`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 
 from mlxkv_inference.errors import UnsupportedModelError
 from mlxkv_inference.tokenizer.chat_template import render_chat_template
+from mlxkv_inference.tokenizer.gguf_spm import spm_tokenizer
 from mlxkv_inference.tokenizer.protocol import Message
 
 # llama.cpp token types: 3 = control, 4 = user defined. Both are matched whole in text.
@@ -46,16 +48,16 @@ class GgufTokenizer:
 
     def __init__(self, metadata: dict[str, Any]) -> None:
         kind = str(metadata.get("tokenizer.ggml.model", ""))
-        if kind != "gpt2":
-            raise UnsupportedModelError(f"GGUF tokenizer model {kind!r} is not supported; supported: gpt2 (byte-level BPE)")
         tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
-        merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
-        vocab = {tok: i for i, tok in enumerate(tokens)}
-        bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
-        self._tok = Tokenizer(bpe)
-        self._tok.pre_tokenizer = _pre_tokenizer(str(metadata.get("tokenizer.ggml.pre", "default")))
-        self._tok.decoder = decoders.ByteLevel()
         types = _ints(metadata.get("tokenizer.ggml.token_type"))
+        if kind == "gpt2":
+            self._tok = _byte_level_bpe(metadata, tokens)
+        elif kind == "llama":
+            self._tok = spm_tokenizer(metadata, types or [1] * len(tokens))
+        else:
+            raise UnsupportedModelError(
+                f"GGUF tokenizer model {kind!r} is not supported; supported: gpt2 (byte-level BPE), llama (SentencePiece BPE)"
+            )
         special = [tokens[i] for i, t in enumerate(types) if t in _SPECIAL_TYPES]
         self._tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
         self._bos = _optional_int(metadata, "tokenizer.ggml.bos_token_id")
@@ -111,6 +113,15 @@ class GgufTokenizer:
 
     def content_hash(self) -> str:
         return self._hash
+
+
+def _byte_level_bpe(metadata: dict[str, Any], tokens: list[str]) -> Tokenizer:
+    merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
+    bpe = models.BPE(vocab={tok: i for i, tok in enumerate(tokens)}, merges=merges, fuse_unk=False, byte_fallback=False)
+    tokenizer = Tokenizer(bpe)
+    tokenizer.pre_tokenizer = _pre_tokenizer(str(metadata.get("tokenizer.ggml.pre", "default")))
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
 
 
 def _ints(value: Any) -> list[int]:
