@@ -163,6 +163,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("--remote-cache sits under the SSD cache: give --ssd-cache DIR (or leave out --no-ssd-cache)")
     if args.remote_cache_hmac_key_file is not None and args.remote_cache is None:
         raise ValueError("--remote-cache-hmac-key-file signs remote entries: give --remote-cache too")
+    if args.remote_cache is not None:
+        remote_store_opener(args.remote_cache, args.remote_cache_hmac_key_file)  # a bad URL or key: refused now
     if not args.request_timeout > 0:
         raise ValueError(f"--request-timeout={args.request_timeout} must be > 0 seconds")
     speculative_params_from(args)
