@@ -96,28 +96,32 @@ def test_embedded_redis_killed_mid_request_is_served_cold_then_recovers(redis_se
     (tmp_path / "b").mkdir()
     b = replica(tmp_path, "b", redis_server.url)
     try:
-        history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TURN_1}]
-        with httpx.Client(timeout=600) as client:
-            request = client.build_request("POST", b.url + "/v1/chat/completions",
-                                           json={"messages": history, "max_tokens": 48, "temperature": 0, "stream": True})
-            response = client.send(request, stream=True)
-            lines = response.iter_lines()
-            next(line for line in lines if line.startswith("data: {"))  # generating
-            redis_server.stop()
-            rest = [line for line in lines if line]
-        assert response.status_code == 200 and rest[-1] == "data: [DONE]"
-        wait_until(lambda: httpx.get(b.url + "/health").json()["status"] == "degraded", 30, "/health never said degraded")
-        assert httpx.get(b.url + "/health").status_code == 200
-        served = chat(b, history + [{"role": "assistant", "content": "We bake."}, {"role": "user", "content": TURN_2}])
-        assert served["choices"][0]["message"]["content"]
-        assert stats(b)["remote_failures"] >= 1
-    finally:
-        redis_server.start()
-    try:
+        try:
+            served_cold_with_redis_dead(b, redis_server)
+        finally:
+            redis_server.start()
         wait_until(lambda: httpx.get(b.url + "/health").json()["status"] == "ok", 60, "/health never recovered")
         assert stats(b)["remote_breaker_open"] == 0
     finally:
         b.stop()
+
+
+def served_cold_with_redis_dead(b: ServerProcess, redis_server: RedisServer) -> None:
+    history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TURN_1}]
+    with httpx.Client(timeout=600) as client:
+        request = client.build_request("POST", b.url + "/v1/chat/completions",
+                                       json={"messages": history, "max_tokens": 48, "temperature": 0, "stream": True})
+        response = client.send(request, stream=True)
+        lines = response.iter_lines()
+        next(line for line in lines if line.startswith("data: {"))  # generating
+        redis_server.stop()
+        rest = [line for line in lines if line]
+    assert response.status_code == 200 and rest[-1] == "data: [DONE]"
+    wait_until(lambda: httpx.get(b.url + "/health").json()["status"] == "degraded", 30, "/health never said degraded")
+    assert httpx.get(b.url + "/health").status_code == 200
+    served = chat(b, history + [{"role": "assistant", "content": "We bake."}, {"role": "user", "content": TURN_2}])
+    assert served["choices"][0]["message"]["content"]
+    assert stats(b)["remote_failures"] >= 1
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.8, "seed": 1234}], ids=["greedy", "explicit-seed"])
