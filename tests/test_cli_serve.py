@@ -59,6 +59,11 @@ def test_serve_defaults_compile_the_decode_step() -> None:
     (["--max-connections", "0"], "--max-connections=0 must be >= 1"),
     (["--request-timeout", "0"], "--request-timeout=0.0 must be > 0"),
     (["--prefill-step-size", "0"], "--prefill-step-size=0 must be >= 1"),
+    (["--remote-cache", "redis://127.0.0.1:1/0", "--no-ssd-cache"], "--remote-cache sits under the SSD cache"),
+    (["--remote-cache-hmac-key-file", "/dev/null"], "give --remote-cache too"),
+    (["--remote-cache", "http://example.com/x"], "give redis://host:port"),
+    (["--remote-cache", "s3://bucket/p?colour=blue"], "unknown option(s) ['colour']"),
+    (["--remote-cache", "redis://127.0.0.1:1/0", "--remote-cache-hmac-key-file", "/nonexistent/key"], "cannot be read"),
 ])
 def test_bad_serve_settings_are_refused_at_start_up(capsys: pytest.CaptureFixture[str], flags: list[str], message: str) -> None:
     assert main(["serve", "--model", "/nonexistent/model", *flags]) == 2

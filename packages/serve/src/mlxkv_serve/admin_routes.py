@@ -7,6 +7,7 @@ import asyncio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from mlxkv_serve.engine import HealthReporting
 from mlxkv_serve.errors import RequestError
 from mlxkv_serve.metrics import CONTENT_TYPE
 from mlxkv_serve.state import ServerState
@@ -15,7 +16,9 @@ from mlxkv_serve.state import ServerState
 async def health(request: Request) -> Response:
     state: ServerState = request.app.state.mlxkv
     config = state.config
-    return JSONResponse({"status": "ok", "model": state.engine.model_id, "cpu_kernels": config.cpu_kernels,
+    # "degraded" still answers 200: the server serves, only slower (a load balancer keeps it)
+    status = state.engine.health() if isinstance(state.engine, HealthReporting) else "ok"
+    return JSONResponse({"status": status, "model": state.engine.model_id, "cpu_kernels": config.cpu_kernels,
                          "blas": config.blas})
 
 

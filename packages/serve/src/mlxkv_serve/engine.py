@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -207,3 +207,12 @@ class ServeEngine(Protocol):
     def generation_state(self, generation_id: str) -> Mapping[str, object] | None: ...
 
     def close(self, timeout: float) -> None: ...
+
+
+@runtime_checkable
+class HealthReporting(Protocol):
+    """An engine that can be up but degraded (a shared cache tier down: requests are served cold)."""
+
+    def health(self) -> str:
+        """"ok" or "degraded"."""
+        ...

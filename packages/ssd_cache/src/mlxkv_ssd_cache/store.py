@@ -31,11 +31,12 @@ from mlxkv_inference.cache.prefix_index import Indexed, PrefixIndex
 from mlxkv_state.errors import StateError
 from mlxkv_state.header import GenerationCheckpoint, KvFileHeader
 from mlxkv_ssd_cache.kv_file import (
-    Attachments, KvIdentity, build_header, expected_file_bytes, identity_problem, read_file, write_file_atomically,
+    Attachments, KvIdentity, build_header, expected_file_bytes, identity_problem, read_file, read_header,
+    write_file_atomically,
 )
 from mlxkv_ssd_cache.layout import (
-    CHECKPOINT_DIR, CHECKPOINT_KEY_PREFIX, OBJECT_ATTACHMENT, QUARANTINE_DIR, SUFFIX, entry_id, free_bytes, identity_key,
-    make_private_dir, ns_key, object_id,
+    CHECKPOINT_DIR, CHECKPOINT_KEY_PREFIX, OBJECT_ATTACHMENT, QUARANTINE_DIR, SUFFIX, entry_id, expected_id, free_bytes,
+    identity_key, make_private_dir, ns_key, object_id,
 )
 from mlxkv_ssd_cache.scan import StoredFile, scan_identity_dir
 from mlxkv_ssd_cache.slot_codec import SlotPolicy
@@ -211,6 +212,64 @@ class SsdCacheStore:
 
     def restore_object_async(self, key: str, ns: str = "") -> Future[dict[str, mx.array] | None]:
         return self._io.submit(self.restore_object, key, ns)
+
+    # -- files from elsewhere (another replica's, through a shared tier) -------------------------
+    def file_of(self, ns: str, tokens: Sequence[int]) -> Path:
+        """Where the prompt state of `tokens` is (or would be) stored."""
+        return self.root / ns_key(ns) / f"{entry_id(ns, tokens)}{SUFFIX}"
+
+    def checkpoint_file(self, key: str) -> Path:
+        return self._checkpoint_path(key)
+
+    def adopt(self, data: bytes, ns: str, tokens: Sequence[int]) -> CacheHit | None:
+        """Take the bytes of a prompt state's file written elsewhere: its header must name this
+        identity, `ns` and exactly `tokens` (so its name, recomputed from them, is the entry's),
+        and list no slot past its end; its slots are checked when it is restored. None if refused."""
+        tokens = tuple(tokens)
+        if not tokens or len(data) > self.max_bytes or not self._make_room(len(data), keep=entry_id(ns, tokens)):
+            return None
+        path = self.file_of(ns, tokens)
+        header = self._place(data, path, lambda h: identity_problem(self.identity, h, ns, tokens)
+                             or (None if expected_id(h) == path.stem else "its name is not its content's"))
+        if header is None:
+            return None
+        key = entry_id(ns, tokens)
+        self._admit(Indexed(key, ns, tokens, len(data), header.minimum_reusable_offset, header.trimmable,
+                            StoredFile(self.file_of(ns, tokens), "prompt", self._clock())))
+        return CacheHit(key, ns, len(tokens), len(tokens))
+
+    def adopt_checkpoint(self, data: bytes, key: str) -> bool:
+        """Put a checkpoint file written elsewhere in place (unless one of `key` is here); its
+        header must be this identity's checkpoint of `key`. `load_checkpoint` then reads it."""
+        path = self._checkpoint_path(key)
+        if path.exists() or len(data) > self.max_bytes or not self._make_room(len(data), keep=CHECKPOINT_KEY_PREFIX + key):
+            return False
+        def problem(header: KvFileHeader) -> str | None:
+            ckpt = header.generation_checkpoint
+            if ckpt is None or ckpt.key != key:
+                return "not this request's checkpoint"
+            return identity_problem(self.identity, header, ckpt.cache_ns, header.tokens)
+        return self._place(data, path, problem) is not None
+
+    def _place(self, data: bytes, path: Path, problem_of: Callable[[KvFileHeader], str | None]) -> KvFileHeader | None:
+        """Write `data` beside `path`, check its header, rename it into place; None (nothing left) if refused."""
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+        try:
+            make_private_dir(path.parent)
+            with open(tmp, "xb") as out:
+                out.write(data)
+            header, complete = read_header(tmp)
+            problem = problem_of(header) if complete else "slots past the end of the file"
+            if problem is not None:
+                log.warning("a KV file from elsewhere was refused: %s", problem)
+                tmp.unlink(missing_ok=True)
+                return None
+            os.replace(tmp, path)
+            return header
+        except (StateError, OSError, ValueError) as e:
+            log.warning("a KV file from elsewhere was refused: %s", e)
+            tmp.unlink(missing_ok=True)
+            return None
 
     # -- generation checkpoints ---------------------------------------------------------------
     def save_checkpoint(self, tokens: Sequence[int], caches: Sequence[LayerCache], checkpoint: GenerationCheckpoint) -> bool:

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Generator
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -18,6 +19,7 @@ from mlxkv_inference import MlxAutoregressiveBinding, load_binding
 from mlxkv_inference.scheduler.batch import DEFAULT_MAX_BATCH, STEP_MAX_ROWS
 from mlxkv_serve import ServeConfig, bounded_http_protocol, build_app
 from mlxkv_serve.config import loopback_hosts
+from mlxkv_remote_cache import safe_url
 
 from mlxkv.commands.options import (
     add_cache_options, add_model_options, add_prefill_option, add_speculative_options, base_params_from, cpu_kernels_from,
@@ -25,6 +27,7 @@ from mlxkv.commands.options import (
 )
 from mlxkv.engine.cache_services import build_tiers
 from mlxkv.engine.local_engine import DEFAULT_MAX_QUEUE, LocalEngine
+from mlxkv.engine.remote_tier import RemoteColdTier, remote_store_opener
 from mlxkv.paths import parse_hours, parse_size, weights_digest_memo
 
 log = logging.getLogger("mlxkv.serve")
@@ -81,6 +84,17 @@ def register(sub: Any) -> None:
     parser.add_argument("--checkpoint-ttl", type=parse_hours, default=24.0, metavar="HOURS",
                         help="delete a generation checkpoint not rewritten for HOURS, such as one a cancelled or failed "
                         "generation left behind; checkpoints also count in --ssd-cache-max (default: 24)")
+    parser.add_argument("--remote-cache", default=None, metavar="URL",
+                        help="share prompt KV and generation checkpoints with other replicas through Redis or Valkey "
+                        "(redis://host:port/db; rediss://user:password@host:port for TLS and an ACL user) or S3 "
+                        "(s3://bucket/prefix; endpoint, region and credentials as boto3 reads them, or "
+                        "?endpoint=URL&region=NAME). It sits under --ssd-cache: what another replica stored is read "
+                        "from there, kept on this SSD and restored; a store that does not answer is a cold cache "
+                        "(/health says degraded) (default: off)")
+    parser.add_argument("--remote-cache-hmac-key-file", type=Path, default=None, metavar="FILE",
+                        help="with --remote-cache: sign what this replica stores with the key in FILE (HMAC-SHA256, "
+                        "at least 16 bytes) and treat unsigned or badly signed entries as misses; for a store shared "
+                        "beyond one trust domain (every replica needs the same key)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="server log verbosity (default: info)")
     add_model_options(parser)
@@ -110,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
     )
     app = build_app(engine, config)
     where = args.ssd_cache if args.ssd_cache is not None else "off"
+    if args.remote_cache:
+        where = f"{where}, shared through {safe_url(args.remote_cache)}"
     log.info("serving %s on http://%s:%d (SSD cache: %s; cpu kernels %s; BLAS %s)", binding.model_id, args.host,
              args.port, where, runtime["cpu_kernels"], runtime["blas"])
     # NOTE: lifespan off: the app has no start-up or shutdown work (`run` closes the engine), and a
@@ -143,6 +159,12 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
     if not args.prefill_step_ms >= 0:
         raise ValueError(f"--prefill-step-ms={args.prefill_step_ms} must be >= 0 (0 turns it off)")
+    if args.remote_cache is not None and args.ssd_cache is None:
+        raise ValueError("--remote-cache sits under the SSD cache: give --ssd-cache DIR (or leave out --no-ssd-cache)")
+    if args.remote_cache_hmac_key_file is not None and args.remote_cache is None:
+        raise ValueError("--remote-cache-hmac-key-file signs remote entries: give --remote-cache too")
+    if args.remote_cache is not None:
+        remote_store_opener(args.remote_cache, args.remote_cache_hmac_key_file)  # a bad URL or key: refused now
     if not args.request_timeout > 0:
         raise ValueError(f"--request-timeout={args.request_timeout} must be > 0 seconds")
     speculative_params_from(args)
@@ -153,9 +175,11 @@ def build_engine(args: argparse.Namespace, binding: MlxAutoregressiveBinding) ->
     # the probes the scheduler and speculation use, before the first request
     binding.warm_up(compiled=args.compiled_decode, rows=STEP_MAX_ROWS)
     draft = prepare_speculation(args, binding)
+    remote = remote_store_opener(args.remote_cache, args.remote_cache_hmac_key_file) if args.remote_cache else None
     tiers, cold = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max,
-                              checkpoint_ttl_s=args.checkpoint_ttl * 3600, draft=draft if args.generation_checkpoint else None)
-    return LocalEngine(binding, tiers, ssd=cold,
+                              checkpoint_ttl_s=args.checkpoint_ttl * 3600, draft=draft if args.generation_checkpoint else None,
+                              remote=remote)
+    return LocalEngine(binding, tiers, ssd=cold, remote=cold if isinstance(cold, RemoteColdTier) else None,
                        checkpoint_every=args.generation_checkpoint, base_params=base_params_from(args),
                        max_queue=args.max_queue, max_batch=args.max_batch,
                        max_batch_kv_bytes=args.max_batch_kv, draft=draft,

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 import logging
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from mlxkv_inference import MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
@@ -26,6 +26,11 @@ from mlxkv_ssd_cache import (
 from mlxkv_state.header import GenerationCheckpoint
 
 from mlxkv.engine.checkpoints import RestoredCheckpoint
+
+if TYPE_CHECKING:
+    from mlxkv_remote_cache import RemoteStore
+
+    from mlxkv.engine.remote_tier import RemoteColdTier
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +136,16 @@ def open_cold_tier(
 def build_tiers(
     binding: MlxAutoregressiveBinding, *, ram_bytes: int, ssd_dir: Path | None, ssd_bytes: int,
     checkpoint_ttl_s: float = DEFAULT_CHECKPOINT_TTL_S, draft: MlxAutoregressiveBinding | None = None,
-) -> tuple[TieredPromptCache, SsdColdTier | None]:
-    cold = open_cold_tier(binding, ssd_dir, ssd_bytes, checkpoint_ttl_s, draft) if ssd_dir is not None else None
+    remote: Callable[[KvIdentity], RemoteStore] | None = None,
+) -> tuple[TieredPromptCache, SsdColdTier | RemoteColdTier | None]:
+    """RAM over the SSD store in `ssd_dir`, and with `remote` (opens the shared store of an
+    identity) the shared tier under the SSD."""
+    ssd = open_cold_tier(binding, ssd_dir, ssd_bytes, checkpoint_ttl_s, draft) if ssd_dir is not None else None
+    cold: SsdColdTier | RemoteColdTier | None = ssd
+    if ssd is not None and remote is not None:
+        from mlxkv.engine.remote_tier import RemoteColdTier  # it builds on SsdColdTier, defined here
+
+        cold = RemoteColdTier(ssd, remote(_identity(binding)))
     tier: ColdTier | None = cold
     return TieredPromptCache(ram_bytes, tier), cold
 

@@ -29,6 +29,7 @@ from mlxkv_ssd_cache import KvIdentity
 from mlxkv_state.header import GenerationCheckpoint
 
 from mlxkv.engine.checkpoints import CheckpointStore, CheckpointWriter, request_key
+from mlxkv.engine.remote_tier import RemoteStatus
 from mlxkv.engine.logprobs import LogprobTrail, render
 from mlxkv.engine.tool_calls import ToolAnswer, ToolUse, chat_messages, template_tools, tool_use
 from mlxkv.progress import PrefillLog
@@ -147,6 +148,7 @@ class LocalEngine:
         max_batch_kv_bytes: int = 0,
         draft: MlxAutoregressiveBinding | None = None,
         prefill_step_s: float = 0.0,
+        remote: RemoteStatus | None = None,
     ) -> None:
         """`ssd` is the tiers' SSD store (for its stats and for checkpoints); with
         `checkpoint_every` > 0 a generation's state is written behind every so many tokens, and an
@@ -156,7 +158,8 @@ class LocalEngine:
         bytes a token) fits in `max_batch_kv_bytes` (0: no limit; a request alone always runs),
         and at most `max_queue` requests wait behind them. `draft` is the draft model of requests
         speculating in mode "draft" (base_params.speculative holds the server's defaults).
-        `prefill_step_s` bounds a step's prefill time (see `BatchScheduler`)."""
+        `prefill_step_s` bounds a step's prefill time (see `BatchScheduler`). `remote`: the shared
+        tier under the SSD, for /health and the cache stats."""
         if max_queue < 1:
             raise ValueError(f"max queue={max_queue} must be >= 1")
         if max_batch_kv_bytes < 0:
@@ -171,6 +174,7 @@ class LocalEngine:
         self._identity = KvIdentity(binding.model_id, binding.tokenizer_hash, binding.config_fingerprint)
         self._checkpoints = CheckpointWriter(ssd) if ssd is not None and checkpoint_every > 0 else None
         self._ssd = ssd
+        self._remote = remote
         self._checkpoint_every = checkpoint_every
         self.context_length = context_length or int(binding.config.get("max_position_embeddings") or 4096)
         self._generator = CachedGenerator(binding, tiers, draft)
@@ -284,7 +288,13 @@ class LocalEngine:
             out.update({f"ssd_{name}": getattr(ssd, name) for name in ssd.__dataclass_fields__})
         if self._checkpoints is not None:
             out["checkpoints_written"] = self._checkpoints.written
+        if self._remote is not None:
+            out.update(self._remote.remote_stats())
         return out
+
+    def health(self) -> str:
+        """"ok", or "degraded" while the shared cache tier does not answer (requests are served cold)."""
+        return self._remote.health() if self._remote is not None else "ok"
 
     def flush(self, timeout: float) -> FlushResult:
         reports = [w.flush(timeout) for w in (self._checkpoints, self.tiers) if w is not None]

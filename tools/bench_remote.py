@@ -1,0 +1,141 @@
+"""Replicas sharing KV through Redis: time to the first token of turn 2 on replica B after turn 1
+ran on replica A (shared tier), against a cold replica and a same-replica SSD hit, at 1k and 4k
+prompt tokens; `find` latency with a mirrored index of many entries; the latency a request path
+call adds with the backend down once the breaker is open.
+
+The embedded model's context is 8,192 tokens: 16k needs a model with a longer context.
+Run: `uv run python -m tools.bench_remote [--sizes 1024 4096]` (needs `redis-server`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from mlxkv.engine.cache_services import SsdColdTier
+from mlxkv.engine.remote_tier import RemoteColdTier
+from mlxkv_remote_cache import CircuitBreaker, EntryInfo, Manifest, RedisBackend, RemoteStore
+from mlxkv_ssd_cache import KvIdentity, SsdCacheStore
+from mlxkv_ssd_cache.layout import entry_id
+from tests.remote_servers import RedisServer
+from tests.server_process import ServerProcess
+from tests.serving import free_port
+
+TURN_2_EXTRA = 32
+
+
+def prompt_of(size: int, salt: int) -> list[int]:
+    return [1000 + (i * 7919 + salt * 104729) % 40000 for i in range(size)]
+
+
+def seconds_to_first_token(server: ServerProcess, prompt: list[int]) -> tuple[float, int]:
+    started = time.perf_counter()
+    response = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1, "temperature": 0}, timeout=900)
+    elapsed = time.perf_counter() - started
+    assert response.status_code == 200, response.text
+    return elapsed, int(response.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
+def stats(server: ServerProcess) -> dict[str, Any]:
+    found: dict[str, Any] = httpx.get(server.url + "/v1/cache/stats", timeout=10).json()
+    return found
+
+
+def ttft_rows(workdir: Path, redis: RedisServer, sizes: list[int]) -> None:
+    for name in ("a", "b", "cold"):
+        (workdir / name).mkdir()
+    a = ServerProcess(workdir / "a" / "cache", "--remote-cache", redis.url)
+    b = ServerProcess(workdir / "b" / "cache", "--remote-cache", redis.url)
+    cold = ServerProcess(workdir / "cold" / "cache")
+    try:
+        print(f"{'tokens':>7} {'cold s':>8} {'shared s':>9} {'ssd s':>7} {'cold/shared':>12} {'cold/ssd':>9} cached(shared, ssd)")
+        for salt, size in enumerate(sizes):
+            turn_1 = prompt_of(size, salt)
+            turn_2 = turn_1 + prompt_of(TURN_2_EXTRA, salt + 100)
+            seconds_to_first_token(a, turn_1)
+            assert httpx.post(a.url + "/admin/cache/flush", timeout=300).status_code == 200
+            seen = stats(b)["remote_index_entries"]
+            deadline = time.monotonic() + 30
+            while stats(b)["remote_index_entries"] <= seen and time.monotonic() < deadline:
+                time.sleep(0.05)
+            shared, shared_cached = seconds_to_first_token(b, turn_2)
+            cold_s, _ = seconds_to_first_token(cold, turn_2)
+            assert httpx.post(b.url + "/admin/cache/flush", timeout=300).status_code == 200
+            b.stop()  # RAM gone, B's SSD (where the shared entry was kept) stays
+            b = ServerProcess(workdir / "b" / "cache")
+            ssd, ssd_cached = seconds_to_first_token(b, turn_2)
+            b.stop()
+            b = ServerProcess(workdir / "b" / "cache", "--remote-cache", redis.url)
+            print(f"{size:>7} {cold_s:>8.2f} {shared:>9.2f} {ssd:>7.2f} {cold_s / shared:>12.1f} {cold_s / ssd:>9.1f} "
+                  f"({shared_cached}, {ssd_cached})")
+    finally:
+        for server in (a, b, cold):
+            server.stop()
+
+
+def find_and_down_rows(workdir: Path, entries: int, tokens: int) -> None:
+    identity = KvIdentity("bench", "t", "c")
+    local = SsdColdTier(SsdCacheStore(workdir / "ssd", identity, 1 << 30))
+    dead = RemoteStore(RedisBackend(f"redis://127.0.0.1:{free_port()}/0"), "bench", breaker=CircuitBreaker(3, 3600))
+    tier = RemoteColdTier(local, dead)
+    prompts = [prompt_of(tokens, 1000 + i) for i in range(entries)]
+    for p in prompts:
+        tier.put(EntryInfo("base", Manifest("prompt", entry_id("", p), "", tuple(p), 0, True, 1, (1,), ("0",), None, "ab", 0.0)))
+    probe = prompts[entries // 2] + [5, 6, 7]
+    timings = []
+    for _ in range(200):
+        started = time.perf_counter()
+        hit = tier.find(probe, "")
+        timings.append(time.perf_counter() - started)
+    assert hit is not None and hit.num_tokens == tokens
+    timings.sort()
+    print(f"find over {entries} mirrored entries of {tokens} tokens: p50 {statistics.median(timings) * 1e3:.3f} ms, "
+          f"p99 {timings[int(len(timings) * 0.99) - 1] * 1e3:.3f} ms (memory only)")
+    while dead.healthy():  # the mirror's calls open the breaker
+        time.sleep(0.05)
+    down, local_only = [], []
+    for _ in range(1000):
+        started = time.perf_counter()
+        tier.load_checkpoint("cd" * 32)  # the one remote call on a request's path
+        down.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        local.load_checkpoint("cd" * 32)
+        local_only.append(time.perf_counter() - started)
+    print(f"checkpoint lookup, backend down, breaker open: median {statistics.median(down) * 1e3:.3f} ms vs SSD alone "
+          f"{statistics.median(local_only) * 1e3:.3f} ms (added {(statistics.median(down) - statistics.median(local_only)) * 1e3:.3f} ms)")
+    tier.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--entries", type=int, default=1000)
+    args = parser.parse_args()
+    print(f"CPU: {platform.processor() or platform.machine()} ({_cpu_model()})")
+    with tempfile.TemporaryDirectory(prefix="mlxkv-bench-remote-") as tmp:
+        workdir = Path(tmp)
+        find_and_down_rows(workdir, args.entries, 1024)
+        redis = RedisServer(workdir)
+        try:
+            ttft_rows(workdir, redis, args.sizes)
+        finally:
+            redis.stop()
+
+
+def _cpu_model() -> str:
+    try:
+        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown"
+
+
+if __name__ == "__main__":
+    main()
