@@ -9,7 +9,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from mlxkv_inference.models.cpu_kernels import NativeQuantizedLinear, use_native_kernels, widen_to_8_bits
+from mlxkv_inference.native.kernels import NativeQuantizedLinear, use_native_kernels, widen_to_8_bits
 
 
 class Two(nn.Module):

@@ -24,7 +24,7 @@ from typing import Protocol
 
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.prefix_index import Indexed, PrefixIndex
-from mlxkv_inference.engine.proposers import DraftState
+from mlxkv_inference.speculative.proposers import DraftState
 from mlxkv_inference.prompt_cache import ColdHit, ColdRestored
 from mlxkv_remote_cache import EntryInfo, IndexMirror, RemoteCacheError, RemoteConfig, RemoteStore, open_backend
 from mlxkv_ssd_cache import KvIdentity, SsdCacheStore, StoreStats, read_header
