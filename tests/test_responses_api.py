@@ -23,7 +23,7 @@ WEATHER: Any = {"type": "function", "name": "get_weather", "description": "Weath
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 SPAWN: Any = {"type": "function", "name": "spawn", "namespace": "agents"}
 AGENTS: Any = {"type": "namespace", "name": "agents", "description": "Sub-agents",
-          "tools": [{"type": "function", "name": "spawn", "parameters": {"type": "object", "properties": {}}}]}
+          "tools": [{"type": "function", "name": "spawn", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}]}
 
 
 @pytest.fixture(scope="module")
