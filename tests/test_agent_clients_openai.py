@@ -102,3 +102,28 @@ def test_agents_sdk_two_turns_by_previous_response_id_reuse_the_cache(agent_serv
     assert first_prompt > 2000 and second_prompt > first_prompt
     assert second_cached / second_prompt >= MIN_REUSE
     assert server_errors(agent_server) == []
+
+
+def test_stored_response_continues_after_a_restart_from_the_cache(tmp_path: Path) -> None:
+    model = write_agent_model(tmp_path / "model")
+    ssd = tmp_path / "ssd"
+    rules = "\n".join(f"Rule {i}: keep answers short and cite the rule you follow." for i in range(150))
+    server = ServerProcess(ssd, "--model", str(model))
+    try:
+        first = httpx.post(server.url + "/v1/responses", timeout=120,
+                           json={"instructions": rules, "input": "Hello", "max_output_tokens": 8}).json()
+        assert httpx.post(server.url + "/admin/cache/flush", timeout=60).status_code == 200
+    finally:
+        server.stop()
+    server = ServerProcess(ssd, "--model", str(model))
+    try:
+        got = httpx.post(server.url + "/v1/responses", timeout=120,
+                         json={"previous_response_id": first["id"], "instructions": rules, "input": "Again",
+                               "max_output_tokens": 8})
+        assert got.status_code == 200, got.text
+        usage = got.json()["usage"]
+        assert usage["input_tokens"] > first["usage"]["input_tokens"] > 1500
+        assert usage["input_tokens_details"]["cached_tokens"] / usage["input_tokens"] >= MIN_REUSE
+        assert httpx.get(f"{server.url}/v1/responses/{first['id']}").json()["output"] == first["output"]
+    finally:
+        server.stop()
