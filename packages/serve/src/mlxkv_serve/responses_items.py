@@ -12,7 +12,6 @@ turned into chat turns.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -135,7 +134,3 @@ def _reasoning(raw: dict[str, Any], where: str) -> Item:
         out["id"] = str(raw["id"])
     return out
 
-
-def arguments_text(arguments: str) -> str:
-    """A call's arguments as the JSON text the client gets (compact, as the model wrote them)."""
-    return json.dumps(json.loads(arguments), ensure_ascii=False)
