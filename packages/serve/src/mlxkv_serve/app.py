@@ -13,11 +13,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mlxkv_serve import admin_routes, anthropic_routes, openai_routes
+from mlxkv_serve import admin_routes, anthropic_routes, openai_routes, responses_routes
 from mlxkv_serve.config import LOCAL_ORIGINS, ServeConfig
 from mlxkv_serve.engine import ServeEngine
 from mlxkv_serve.errors import ClientGone, RequestError, error_response
 from mlxkv_serve.metrics import ServerMetrics
+from mlxkv_serve.responses_store import MemoryResponseStore, ResponseStore
 from mlxkv_serve.state import ServerState
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,9 @@ ROUTES = [
     Route("/v1/models", openai_routes.models, methods=["GET"]),
     Route("/v1/models/{model_id:path}", openai_routes.model, methods=["GET"]),
     Route("/v1/messages", anthropic_routes.messages, methods=["POST"]),
+    Route("/v1/responses", responses_routes.create, methods=["POST"]),
+    Route("/v1/responses/{response_id}", responses_routes.retrieve, methods=["GET"]),
+    Route("/v1/responses/{response_id}", responses_routes.delete, methods=["DELETE"]),
     Route("/health", admin_routes.health, methods=["GET"]),
     Route("/metrics", admin_routes.metrics, methods=["GET"]),
     Route("/v1/cache/stats", admin_routes.cache_stats, methods=["GET"]),
@@ -41,7 +45,8 @@ KNOWN_PATHS = {r.path for r in ROUTES if "{" not in r.path}
 TEMPLATED_PREFIXES = [r.path[: r.path.index("{")] for r in ROUTES if "{" in r.path]
 
 
-def build_app(engine: ServeEngine, config: ServeConfig) -> Starlette:
+def build_app(engine: ServeEngine, config: ServeConfig, responses: ResponseStore | None = None) -> Starlette:
+    """`responses`: where `store: true` responses are kept (default: in memory)."""
     state = ServerState(engine, config, ServerMetrics(engine.cache_stats, engine.queue_depth, engine.batch_size))
     app = Starlette(
         routes=ROUTES,
@@ -49,11 +54,12 @@ def build_app(engine: ServeEngine, config: ServeConfig) -> Starlette:
                             Exception: _internal_error},
     )
     app.state.mlxkv = state
+    app.state.responses = responses if responses is not None else MemoryResponseStore()
     app.add_middleware(_Gate, state=state)
     # Outermost: a browser's preflight carries no API key, and refusals need the CORS headers too.
     app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_origin_regex=LOCAL_ORIGINS,
-                       allow_methods=["GET", "POST"], allow_headers=["*"],
-                       expose_headers=["x-mlxkv-generation-id", "retry-after"])
+                       allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"],
+                       expose_headers=["x-mlxkv-generation-id", "retry-after", responses_routes.LEFT_OUT_HEADER])
     return app
 
 

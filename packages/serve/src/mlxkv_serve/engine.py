@@ -112,6 +112,7 @@ class TokenLogprob:
 @dataclass(frozen=True, slots=True)
 class Delta:
     text: str
+    reasoning: str = ""  # the model's thinking (a reasoning model's think section), apart from text
     logprobs: tuple[TokenLogprob, ...] = ()
 
 

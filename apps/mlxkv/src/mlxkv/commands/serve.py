@@ -20,6 +20,7 @@ from mlxkv_inference.scheduler.batch import DEFAULT_MAX_BATCH, STEP_MAX_ROWS
 from mlxkv_serve import ServeConfig, bounded_http_protocol, build_app
 from mlxkv_serve.config import loopback_hosts
 from mlxkv_remote_cache import safe_url
+from mlxkv_serve.responses_store import DiskResponseStore, MemoryResponseStore, ResponseStore
 
 from mlxkv.commands.options import (
     add_cache_options, add_model_options, add_prefill_option, add_speculative_options, base_params_from, cpu_kernels_from,
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         allowed_hosts=loopback_hosts(args.host), cors_origins=tuple(args.cors_origins), cpu_kernels=runtime["cpu_kernels"],
         blas=runtime["blas"],
     )
-    app = build_app(engine, config)
+    app = build_app(engine, config, response_store(args))
     where = args.ssd_cache if args.ssd_cache is not None else "off"
     if args.remote_cache:
         where = f"{where}, shared through {safe_url(args.remote_cache)}"
@@ -168,6 +169,13 @@ def check_args(args: argparse.Namespace) -> None:
     if not args.request_timeout > 0:
         raise ValueError(f"--request-timeout={args.request_timeout} must be > 0 seconds")
     speculative_params_from(args)
+
+
+def response_store(args: argparse.Namespace) -> ResponseStore:
+    """Stored responses (`store: true`) live beside the SSD cache and outlive a restart; without one, in memory."""
+    if args.ssd_cache is None:
+        return MemoryResponseStore()
+    return DiskResponseStore(args.ssd_cache / "responses")
 
 
 def build_engine(args: argparse.Namespace, binding: MlxAutoregressiveBinding) -> LocalEngine:

@@ -449,7 +449,7 @@ class LocalEngine:
                 logprobs = (render(self.binding.tokenizer, *job.trail.next(delta.step)),)
             text = entry.answer.feed(delta.text)
             if text or logprobs:
-                job.handle.push(Delta(text, logprobs))
+                job.handle.push(Delta(text, logprobs=logprobs))
 
     def _fail(self, job: _Job, error: Exception) -> None:
         log.error("generation %s failed", job.handle.generation_id, exc_info=error)
