@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from mlxkv_serve.anthropic_schema import parse_messages
 from mlxkv_serve.body import read_json
 from mlxkv_serve.engine import Delta, Failed, Finished, GenerationHandle, ToolCall
-from mlxkv_serve.errors import error_body
+from mlxkv_serve.errors import RequestError, error_body
 from mlxkv_serve.state import ServerState
 from mlxkv_serve.streaming import collect, failure, guarded, sse, submit
 
@@ -20,6 +20,7 @@ from mlxkv_serve.streaming import collect, failure, guarded, sse, submit
 async def messages(request: Request) -> Response:
     state: ServerState = request.app.state.mlxkv
     parsed = parse_messages(await read_json(request, state.config.max_body_bytes), state.config)
+    state.metrics.billing_headers.inc(parsed.billing_headers)
     handle = await submit(state.engine, parsed.generate)
     headers = {"x-mlxkv-generation-id": handle.generation_id}
     if parsed.stream:
@@ -29,6 +30,18 @@ async def messages(request: Request) -> Response:
     blocks = ([{"type": "text", "text": text}] if text or not done.tool_calls else []) + [_tool_use(c) for c in done.tool_calls]
     body = _message(state, handle, blocks, done)
     return JSONResponse(body, headers=headers)
+
+
+async def count_tokens(request: Request) -> Response:
+    """POST /v1/messages/count_tokens: the prompt tokens a generation of this request would report
+    (`input_tokens` plus `cache_read_input_tokens`), by the same template and tokenizer."""
+    state: ServerState = request.app.state.mlxkv
+    parsed = parse_messages(await read_json(request, state.config.max_body_bytes), state.config, counting=True)
+    try:
+        tokens = await state.engine.count_tokens(parsed.generate)
+    except ValueError as e:
+        raise RequestError(400, str(e)) from None
+    return JSONResponse({"input_tokens": tokens})
 
 
 def _message(state: ServerState, handle: GenerationHandle, content: list[dict[str, Any]], done: Finished | None) -> dict[str, Any]:

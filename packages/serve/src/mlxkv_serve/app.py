@@ -30,6 +30,7 @@ ROUTES = [
     Route("/v1/models", openai_routes.models, methods=["GET"]),
     Route("/v1/models/{model_id:path}", openai_routes.model, methods=["GET"]),
     Route("/v1/messages", anthropic_routes.messages, methods=["POST"]),
+    Route("/v1/messages/count_tokens", anthropic_routes.count_tokens, methods=["POST"]),
     Route("/health", admin_routes.health, methods=["GET"]),
     Route("/metrics", admin_routes.metrics, methods=["GET"]),
     Route("/v1/cache/stats", admin_routes.cache_stats, methods=["GET"]),

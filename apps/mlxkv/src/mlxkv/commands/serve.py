@@ -81,6 +81,9 @@ def register(sub: Any) -> None:
     parser.add_argument("--checkpoint-ttl", type=parse_hours, default=24.0, metavar="HOURS",
                         help="delete a generation checkpoint not rewritten for HOURS, such as one a cancelled or failed "
                         "generation left behind; checkpoints also count in --ssd-cache-max (default: 24)")
+    parser.add_argument("--keep-billing-header", action="store_true",
+                        help="keep Claude Code's x-anthropic-billing-header system block in prompts (it changes on "
+                             "every request, so no prompt would reuse the cache past it; default: left out)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="server log verbosity (default: info)")
     add_model_options(parser)
@@ -106,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         vocab_size=binding.tokenizer.vocab_size, default_max_tokens=args.max_tokens, default_temperature=args.temp,
         default_top_p=args.top_p, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
         allowed_hosts=loopback_hosts(args.host), cors_origins=tuple(args.cors_origins), cpu_kernels=runtime["cpu_kernels"],
-        blas=runtime["blas"],
+        blas=runtime["blas"], keep_billing_header=args.keep_billing_header,
     )
     app = build_app(engine, config)
     where = args.ssd_cache if args.ssd_cache is not None else "off"

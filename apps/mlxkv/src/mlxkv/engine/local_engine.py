@@ -210,14 +210,12 @@ class LocalEngine:
         it; raises what `submit` documents for a bad one."""
         tools = tool_use(request)
         prompt, history_end = self._encode(request, tools)
-        max_tokens = request.max_tokens
-        if request.default_max_tokens:  # the server's default, not the client's: as much as the context leaves
-            max_tokens = max(1, min(max_tokens, self.context_length - len(prompt)))
-        if len(prompt) + max_tokens > self.context_length:
-            raise PromptTooLongError(
-                f"the prompt has {len(prompt)} tokens and {max_tokens} more were requested; "
-                f"the model's context is {self.context_length} tokens"
-            )
+        if len(prompt) >= self.context_length:
+            raise PromptTooLongError(f"the prompt has {len(prompt)} tokens; the model's context is {self.context_length} "
+                                     "tokens (the prompt must leave room for at least one token of answer)")
+        # Agents ask for more than any local context holds (Claude Code: 32,000 or 128,000): the
+        # answer gets what fits, and says "length" if it runs out, instead of a refusal.
+        max_tokens = min(request.max_tokens, self.context_length - len(prompt))
         s = request.sampling
         sampling = SamplingParams(
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p, repetition_penalty=s.repetition_penalty,
@@ -238,6 +236,9 @@ class LocalEngine:
         if mode == "draft" and self._generator.draft is None:
             raise ValueError("speculative mode 'draft' needs a draft model; start the server with --draft-model or --draft-layers")
         return replace(default, mode=mode, num_draft_tokens=asked.num_draft_tokens or default.num_draft_tokens)
+
+    async def count_tokens(self, request: GenerateRequest) -> int:
+        return len((await asyncio.to_thread(self._encode, request, tool_use(request)))[0])
 
     def queue_depth(self) -> int:
         return self._waiting()
@@ -439,7 +440,7 @@ class LocalEngine:
                 logprobs = (render(self.binding.tokenizer, *job.trail.next(delta.step)),)
             text = entry.answer.feed(delta.text)
             if text or logprobs:
-                job.handle.push(Delta(text, logprobs))
+                job.handle.push(Delta(text, logprobs=logprobs))
 
     def _fail(self, job: _Job, error: Exception) -> None:
         log.error("generation %s failed", job.handle.generation_id, exc_info=error)
