@@ -4,7 +4,8 @@ Per turn, from the server's metrics: prompt tokens, cached tokens and the server
 
     uv run python -m tools.bench_agents_claude
 
-Targets: turns 2-5 reuse >= 95% of the prompt; their TTFT <= 1/10 of turn 1's.
+Targets: turns 2-5 reuse >= 95% of the prompt; their TTFT <= 1/10 of turn 1's. Turn 6 is a new
+session in the same directory: it shows what leaving the billing header out buys.
 Needs Claude Code installed: `npm ci --prefix tests`.
 """
 
@@ -23,6 +24,10 @@ from tests.claude_cli import claude_turn
 from tests.server_process import ServerProcess
 
 PROMPTS = ["Say hello", "What is two plus two?", "Name a colour", "Say goodbye", "Thanks"]
+# Turn 6 starts a new session (no --continue): its billing header differs from the first session's
+# (the suffix follows the first message), so only with the header left out does it reuse the
+# system prompt and tools the first session cached.
+NEW_SESSION = "Write a haiku"
 _METRIC = re.compile(r"^(mlxkv_[\w]+(?:_total|_sum)) (\S+)$", re.MULTILINE)
 
 
@@ -38,7 +43,7 @@ class Turn:
 
 
 def claude_session(billing_header: bool, model: Path | None = None) -> list[Turn]:
-    """The 5 turns with the billing-header handling on (`billing_header`: the block is left out,
+    """The 5 turns (and a 6th, a new session) with the billing-header handling on (`billing_header`: the block is left out,
     the default) or off. Writes the agent model to a temporary directory unless given `model`."""
     with tempfile.TemporaryDirectory(prefix="mlxkv-bench-claude-") as tmp:
         root = Path(tmp)
@@ -48,9 +53,9 @@ def claude_session(billing_header: bool, model: Path | None = None) -> list[Turn
         workdir.mkdir()
         try:
             turns = []
-            for i, prompt in enumerate(PROMPTS):
+            for i, prompt in enumerate([*PROMPTS, NEW_SESSION]):
                 before = _counters(server.url)
-                done = claude_turn(server.url, workdir, prompt, resume=i > 0)
+                done = claude_turn(server.url, workdir, prompt, resume=0 < i < len(PROMPTS))
                 if done.returncode != 0:
                     raise RuntimeError(f"claude exited {done.returncode}: {done.stderr}")
                 after = _counters(server.url)
@@ -74,9 +79,11 @@ def print_session(title: str, turns: list[Turn]) -> None:
     print(title)
     print(f"  {'turn':>4} | {'prompt':>7} | {'cached':>7} | {'reuse':>6} | {'TTFT s':>7} | {'TTFT / turn 1':>13}")
     for i, turn in enumerate(turns, start=1):
+        if i == len(PROMPTS) + 1:
+            print("  (a new session:)")
         ratio = turn.ttft_s / turns[0].ttft_s if turns[0].ttft_s else 0.0
         print(f"  {i:>4} | {turn.prompt_tokens:>7} | {turn.cached_tokens:>7} | {turn.reuse:>6.1%} | {turn.ttft_s:>7.3f} | {ratio:>13.3f}")
-    later = turns[1:]
+    later = turns[1:len(PROMPTS)]
     reuse_ok = all(t.reuse >= 0.95 for t in later)
     ttft_ok = all(t.ttft_s <= turns[0].ttft_s / 10 for t in later)
     print(f"  turns 2-5: reuse >= 95%: {'yes' if reuse_ok else 'no'}; TTFT <= 1/10 of turn 1's: {'yes' if ttft_ok else 'no'}")
