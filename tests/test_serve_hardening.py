@@ -325,7 +325,7 @@ def test_a_prompt_being_tokenized_holds_up_no_other_request(monkeypatch: pytest.
     assert statuses == [200]
 
 
-def test_without_max_tokens_the_default_shrinks_to_what_the_context_leaves(tiny_engine: ServeEngine) -> None:
+def test_max_tokens_shrinks_to_what_the_context_leaves(tiny_engine: ServeEngine) -> None:
     assert isinstance(tiny_engine, LocalEngine)
     room = 3
     prompt = [5 + i % 50 for i in range(tiny_engine.context_length - room)]
@@ -335,5 +335,10 @@ def test_without_max_tokens_the_default_shrinks_to_what_the_context_leaves(tiny_
         full = httpx.post(url + "/v1/completions", json={"prompt": prompt + [5] * room}, timeout=WAIT_S)
     assert fitted.status_code == 200, fitted.text
     assert fitted.json()["usage"]["completion_tokens"] <= room
-    assert asked.status_code == 400 and asked.json()["error"]["code"] == "context_length_exceeded"
+    assert asked.status_code == 200, asked.text  # more than fits: lowered to the room left, not refused
+    choice = asked.json()["choices"][0]
+    assert asked.json()["usage"]["completion_tokens"] <= room
+    assert choice["finish_reason"] == ("length" if asked.json()["usage"]["completion_tokens"] == room else "stop")
     assert full.status_code == 400 and full.json()["error"]["code"] == "context_length_exceeded"
+    message = full.json()["error"]["message"]
+    assert f"{tiny_engine.context_length} tokens" in message and f"has {tiny_engine.context_length} tokens" in message

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -12,7 +13,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from mlxkv_serve.anthropic_schema import parse_messages
 from mlxkv_serve.body import read_json
 from mlxkv_serve.engine import Delta, Failed, Finished, GenerationHandle, ToolCall
-from mlxkv_serve.errors import error_body
+from mlxkv_serve.errors import RequestError, error_body
 from mlxkv_serve.state import ServerState
 from mlxkv_serve.streaming import collect, failure, guarded, sse, submit
 
@@ -20,15 +21,29 @@ from mlxkv_serve.streaming import collect, failure, guarded, sse, submit
 async def messages(request: Request) -> Response:
     state: ServerState = request.app.state.mlxkv
     parsed = parse_messages(await read_json(request, state.config.max_body_bytes), state.config)
+    state.metrics.billing_headers.inc(parsed.billing_headers)
     handle = await submit(state.engine, parsed.generate)
     headers = {"x-mlxkv-generation-id": handle.generation_id}
     if parsed.stream:
         return StreamingResponse(guarded(request, state, handle, _stream(state, handle)), media_type="text/event-stream", headers=headers)
     deltas, done = await collect(request, state, handle)
-    text = "".join(d.text for d in deltas)
-    blocks = ([{"type": "text", "text": text}] if text or not done.tool_calls else []) + [_tool_use(c) for c in done.tool_calls]
+    text, reasoning = "".join(d.text for d in deltas), "".join(d.reasoning for d in deltas)
+    blocks = ([{"type": "thinking", "thinking": reasoning, "signature": signature(reasoning)}] if reasoning else []) \
+        + ([{"type": "text", "text": text}] if text or not done.tool_calls else []) + [_tool_use(c) for c in done.tool_calls]
     body = _message(state, handle, blocks, done)
     return JSONResponse(body, headers=headers)
+
+
+async def count_tokens(request: Request) -> Response:
+    """POST /v1/messages/count_tokens: the prompt tokens a generation of this request would report
+    (`input_tokens` plus `cache_read_input_tokens`), by the same template and tokenizer."""
+    state: ServerState = request.app.state.mlxkv
+    parsed = parse_messages(await read_json(request, state.config.max_body_bytes), state.config, counting=True)
+    try:
+        tokens = await state.engine.count_tokens(parsed.generate)
+    except ValueError as e:
+        raise RequestError(400, str(e)) from None
+    return JSONResponse({"input_tokens": tokens})
 
 
 def _message(state: ServerState, handle: GenerationHandle, content: list[dict[str, Any]], done: Finished | None) -> dict[str, Any]:
@@ -64,36 +79,77 @@ def _stop_reason(done: Finished) -> str:
 
 
 async def _stream(state: ServerState, handle: GenerationHandle) -> AsyncIterator[str]:
-    """The text block opens with the first text (an answer of calls alone has none, as unstreamed)."""
-    text_block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+    """Blocks open as their content comes: thinking (a reasoning model's), then text (an answer of
+    calls alone has none, as unstreamed), then the tool_use blocks."""
     yield sse({"type": "message_start", "message": _message(state, handle, [], None)}, "message_start")
     yield sse({"type": "ping"}, "ping")
-    texting = False
+    blocks = _Blocks()
     async for event in handle.events():
         if isinstance(event, Delta):
-            if event.text:
-                if not texting:
-                    texting = True
-                    yield sse(text_block, "content_block_start")
-                yield sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": event.text}},
-                          "content_block_delta")
+            for frame in blocks.delta(event):
+                yield frame
             continue
         if isinstance(event, Failed):
             yield sse(error_body("/v1/messages", failure(state, event)), "error")  # Anthropic's in-stream error
             return
         state.record(event)
-        if not texting and not event.tool_calls:  # an empty answer: one empty text block, as unstreamed
-            texting = True
-            yield sse(text_block, "content_block_start")
-        if texting:
-            yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
-        for index, call in enumerate(event.tool_calls, start=1 if texting else 0):
+        for frame in blocks.close(empty_text=not event.tool_calls):
+            yield frame
+        for index, call in enumerate(event.tool_calls, start=blocks.count):
             for frame in _tool_use_frames(index, call):
                 yield frame
         yield sse({"type": "message_delta", "delta": {"stop_reason": _stop_reason(event), "stop_sequence": event.stop_sequence},
                    "usage": _usage(handle, event)}, "message_delta")
         yield sse({"type": "message_stop"}, "message_stop")
         return
+
+
+class _Blocks:
+    """The open content block of a streamed message ("thinking" or "text") and how many there were."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.open: str | None = None
+        self.thinking = ""
+        self.texted = False  # a text block was opened
+
+    def delta(self, event: Delta) -> Iterator[str]:
+        if event.reasoning:
+            yield from self._switch("thinking")
+            self.thinking += event.reasoning
+            yield self._frame("content_block_delta", delta={"type": "thinking_delta", "thinking": event.reasoning})
+        if event.text:
+            yield from self._switch("text")
+            yield self._frame("content_block_delta", delta={"type": "text_delta", "text": event.text})
+
+    def close(self, *, empty_text: bool) -> Iterator[str]:
+        """The open block's end; an empty answer without calls gets one empty text block, as unstreamed."""
+        if empty_text and not self.texted:
+            yield from self._switch("text")
+        yield from self._switch(None)
+
+    def _switch(self, kind: str | None) -> Iterator[str]:
+        if self.open == kind:
+            return
+        if self.open == "thinking":
+            yield self._frame("content_block_delta", delta={"type": "signature_delta", "signature": signature(self.thinking)})
+        if self.open is not None:
+            yield self._frame("content_block_stop")
+            self.count += 1
+        self.open = kind
+        self.texted = self.texted or kind == "text"
+        if kind is not None:
+            block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else {"type": "text", "text": ""}
+            yield self._frame("content_block_start", content_block=block)
+
+    def _frame(self, kind: str, **fields: Any) -> str:
+        return sse({"type": kind, "index": self.count, **fields}, kind)
+
+
+def signature(thinking: str) -> str:
+    """A thinking block's `signature`: opaque to clients, who send it back; mlxkv does not check it
+    (a client's edited thinking only changes its own prompt)."""
+    return "mlxkv-" + hashlib.sha256(thinking.encode()).hexdigest()[:32]
 
 
 def _tool_use_frames(index: int, call: ToolCall) -> Iterator[str]:

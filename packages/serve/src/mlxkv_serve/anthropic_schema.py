@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mlxkv_serve.anthropic_thinking import Thinking, is_billing_header, thinking
 from mlxkv_serve.config import ServeConfig
 from mlxkv_serve import tool_fields
 from mlxkv_serve.engine import ChatMessage, GenerateRequest, Sampling, Tool, ToolChoice
@@ -13,6 +14,7 @@ from mlxkv_serve.errors import RequestError
 from mlxkv_serve.fields import Fields
 
 MAX_STOP = 16
+MEDIA = ("image", "document")
 _CHOICES: dict[str, ToolChoice] = {"auto": "auto", "any": "required", "none": "none"}
 
 
@@ -20,13 +22,18 @@ _CHOICES: dict[str, ToolChoice] = {"auto": "auto", "any": "required", "none": "n
 class MessagesRequest:
     generate: GenerateRequest
     stream: bool
+    thinking: Thinking | None = None
+    billing_headers: int = 0  # Claude Code billing-header blocks left out of the prompt
 
 
-def parse_messages(body: Any, config: ServeConfig) -> MessagesRequest:
+def parse_messages(body: Any, config: ServeConfig, *, counting: bool = False) -> MessagesRequest:
+    """A Messages request; `counting` (count_tokens) takes no `max_tokens` and nothing that only
+    shapes the answer matters."""
     f = Fields(body)
-    max_tokens = f.required("max_tokens")
+    max_tokens = 1 if counting and f.body.get("max_tokens") is None else f.required("max_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= config.max_tokens_limit:
         raise RequestError(400, f"'max_tokens' must be an integer in [1, {config.max_tokens_limit}]", "max_tokens")
+    think = thinking(f.body.get("thinking"), None if counting else max_tokens)
     raw = f.required("messages")
     if not isinstance(raw, list) or not raw:
         raise RequestError(400, "'messages' must be a non-empty list", "messages")
@@ -38,9 +45,9 @@ def parse_messages(body: Any, config: ServeConfig) -> MessagesRequest:
     answer_start = ""
     if len(messages) > 1 and messages[-1].role == "assistant" and not messages[-1].tool_calls:
         answer_start = messages.pop().content  # a final assistant message: the answer continues it
-    system = f.body.get("system")
+    system, dropped = _system(f.body.get("system"), config.keep_billing_header)
     if system is not None:
-        messages.insert(0, ChatMessage("system", _text(system, "system")))
+        messages.insert(0, ChatMessage("system", system))
     sampling = Sampling(
         temperature=f.number("temperature", config.default_temperature, 0.0, 1.0),
         top_p=f.number("top_p", config.default_top_p, 0.0, 1.0, low_open=True),
@@ -55,25 +62,45 @@ def parse_messages(body: Any, config: ServeConfig) -> MessagesRequest:
     generate = GenerateRequest(max_tokens=max_tokens, sampling=sampling, messages=tuple(messages), answer_start=answer_start,
                                stop=f.stop("stop_sequences", MAX_STOP), constraint=constraint, tools=tools,
                                tool_choice=choice, tool_name=name, parallel_tool_calls=parallel, speculative=speculation(f.body))
-    return MessagesRequest(generate, f.boolean("stream", False))
+    return MessagesRequest(generate, f.boolean("stream", False), think, dropped)
+
+
+def _system(raw: Any, keep_billing_header: bool) -> tuple[str | None, int]:
+    """The system prompt and how many billing-header blocks were left out of it."""
+    if raw is None:
+        return None, 0
+    if isinstance(raw, list) and not keep_billing_header:
+        kept = [block for block in raw if not is_billing_header(block)]
+        if not kept:
+            return None, len(raw)
+        return _text(kept, "system"), len(raw) - len(kept)
+    return _text(raw, "system"), 0
 
 
 def _message(raw: Any, index: int) -> list[ChatMessage]:
-    """One Anthropic message as chat turns: `tool_result` blocks become tool turns (before the text)."""
+    """One Anthropic message as chat turns: `tool_result` blocks become tool turns (before the
+    text); an assistant's `thinking` blocks are left out (templates drop earlier turns' thinking);
+    a `system` message inside the conversation (Claude Code sends them) stays a system turn."""
     where = f"messages.{index}"
     if not isinstance(raw, dict):
         raise RequestError(400, f"{where}: must be an object")
     role = raw.get("role")
-    if role not in ("user", "assistant"):
-        raise RequestError(400, f"{where}.role: must be 'user' or 'assistant'")
+    if role not in ("user", "assistant", "system"):
+        raise RequestError(400, f"{where}.role: must be 'user', 'assistant' or 'system'")
     content = raw.get("content")
     if not isinstance(content, list):
         return [ChatMessage(role, _text(content, f"{where}.content"))]
-    kinds = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use")}[role]
+    kinds = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use", "thinking", "redacted_thinking"),
+             "system": ("text",)}[role]
     for i, block in enumerate(content):
-        if not isinstance(block, dict) or block.get("type") not in kinds:
-            raise RequestError(400, f"{where}.content.{i}: a {role} message takes only {' and '.join(kinds)} blocks")
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind in MEDIA:
+            raise RequestError(400, f"{where}.content.{i}: this model reads text only; it cannot take {kind} blocks")
+        if kind not in kinds:
+            raise RequestError(400, f"{where}.content.{i}: a {role} message takes only {', '.join(kinds)} blocks")
     text = "".join(_text([b], f"{where}.content") for b in content if b["type"] == "text")
+    if role == "system":
+        return [ChatMessage("system", text)]
     if role == "assistant":
         calls = tuple(tool_fields.call(b.get("id"), b.get("name"), b.get("input"), f"{where}.content.{i}")
                       for i, b in enumerate(content) if b["type"] == "tool_use")
@@ -127,7 +154,10 @@ def _text(content: Any, where: str) -> str:
     if isinstance(content, list) and content:
         parts = []
         for block in content:
-            if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind in MEDIA:
+                raise RequestError(400, f"{where}: this model reads text only; it cannot take {kind} blocks")
+            if kind != "text" or not isinstance(block.get("text"), str):
                 raise RequestError(400, f"{where}: only text blocks are supported")
             parts.append(block["text"])
         return "".join(parts)

@@ -34,6 +34,7 @@ ROUTES = [
     Route("/v1/responses", responses_routes.create, methods=["POST"]),
     Route("/v1/responses/{response_id}", responses_routes.retrieve, methods=["GET"]),
     Route("/v1/responses/{response_id}", responses_routes.delete, methods=["DELETE"]),
+    Route("/v1/messages/count_tokens", anthropic_routes.count_tokens, methods=["POST"]),
     Route("/health", admin_routes.health, methods=["GET"]),
     Route("/metrics", admin_routes.metrics, methods=["GET"]),
     Route("/v1/cache/stats", admin_routes.cache_stats, methods=["GET"]),

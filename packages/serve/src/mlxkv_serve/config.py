@@ -10,7 +10,9 @@ from dataclasses import dataclass
 class ServeConfig:
     vocab_size: int
     default_max_tokens: int = 512
-    max_tokens_limit: int = 32768
+    # The most a request may ask for: a sanity bound only, since the engine lowers `max_tokens` to
+    # what the context leaves (agents ask for 32,000 or 128,000 whatever the model).
+    max_tokens_limit: int = 1 << 30
     default_temperature: float = 0.0
     default_top_p: float = 1.0
     api_key: str | None = None
@@ -21,6 +23,9 @@ class ServeConfig:
     # Browser origins (CORS) allowed besides the local ones (`LOCAL_ORIGINS`); "*" allows any web
     # page the user opens to call the API, as mlx_lm.server does.
     cors_origins: tuple[str, ...] = ()
+    # Claude Code's first system block (`x-anthropic-billing-header: cc_version=...;`) changes on
+    # every request; as the first text of the prompt it would make every prompt a cache miss.
+    keep_billing_header: bool = False
     # What runs the model's matmuls, reported by /health (set by the app that loads the model).
     cpu_kernels: str = "unknown"
     blas: str = "unknown"

@@ -170,7 +170,7 @@ class GenerationHandle(Protocol):
 
 
 class PromptTooLongError(ValueError):
-    """The prompt plus the requested tokens do not fit the model's context."""
+    """The prompt leaves no room for an answer in the model's context."""
 
 
 class QueueFullError(Exception):
@@ -189,6 +189,11 @@ class ServeEngine(Protocol):
         """Queue a generation; raises `ValueError` (or `PromptTooLongError`) for a bad request,
         `QueueFullError` when too many requests wait. Work that grows with the prompt
         (tokenizing) must not hold up the event loop."""
+        ...
+
+    async def count_tokens(self, request: GenerateRequest) -> int:
+        """The prompt tokens `request` would have (the same template and tokenizer as `submit`);
+        raises `ValueError` for a request `submit` would refuse before generating."""
         ...
 
     def queue_depth(self) -> int:

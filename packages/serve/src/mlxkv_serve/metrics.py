@@ -30,6 +30,9 @@ class ServerMetrics:
         self.draft_tokens = Counter("mlxkv_speculative_draft_tokens", "speculative drafts verified", registry=self.registry)
         self.accepted_tokens = Counter("mlxkv_speculative_accepted_tokens", "speculative drafts accepted (each a step saved)",
                                        registry=self.registry)
+        self.billing_headers = Counter("mlxkv_billing_headers_dropped",
+                                       "Claude Code billing-header system blocks left out of prompts (they change every request)",
+                                       registry=self.registry)
         self.ttft = Histogram("mlxkv_time_to_first_token_seconds", "time from request to first token", registry=self.registry,
                               buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))
         self.registry.register(_CacheCollector(cache_stats))

@@ -60,6 +60,9 @@ async def _complete(request: Request, *, chat: bool) -> Response:
     choice: dict[str, Any] = {"index": 0, "finish_reason": done.finish_reason}
     if chat:
         choice["message"] = {"role": "assistant", "content": text or None if done.tool_calls else text}
+        reasoning = "".join(d.reasoning for d in deltas)
+        if reasoning:
+            choice["message"]["reasoning_content"] = reasoning
         if done.tool_calls:
             choice["message"]["tool_calls"] = _tool_calls(done)
         choice["logprobs"] = _chat_logprobs(logprobs) if parsed.generate.top_logprobs is not None else None
@@ -89,7 +92,7 @@ async def _stream(state: ServerState, handle: GenerationHandle, parsed: OpenAiRe
     offset = 0
     async for event in handle.events():
         if isinstance(event, Delta):
-            if not event.text and not event.logprobs:
+            if not event.text and not event.reasoning and not event.logprobs:
                 continue
             yield sse({**head, "choices": [_chunk_choice(ids.chat, event, want_logprobs, offset)]})
             offset += len(event.text)
@@ -116,7 +119,11 @@ async def _stream(state: ServerState, handle: GenerationHandle, parsed: OpenAiRe
 
 def _chunk_choice(chat: bool, delta: Delta, want_logprobs: bool, offset: int) -> dict[str, Any]:
     if chat:
-        return {"index": 0, "delta": {"content": delta.text}, "finish_reason": None,
+        # A reasoning model's thinking goes in `reasoning_content` (as vLLM and DeepSeek send it).
+        content = {"reasoning_content": delta.reasoning} if delta.reasoning else {}
+        if delta.text or not delta.reasoning:
+            content["content"] = delta.text
+        return {"index": 0, "delta": content, "finish_reason": None,
                 "logprobs": _chat_logprobs(list(delta.logprobs)) if want_logprobs else None}
     return {"index": 0, "text": delta.text, "finish_reason": None,
             "logprobs": _completion_logprobs(list(delta.logprobs), offset) if want_logprobs else None}

@@ -96,6 +96,9 @@ def register(sub: Any) -> None:
                         help="with --remote-cache: sign what this replica stores with the key in FILE (HMAC-SHA256, "
                         "at least 16 bytes) and treat unsigned or badly signed entries as misses; for a store shared "
                         "beyond one trust domain (every replica needs the same key)")
+    parser.add_argument("--keep-billing-header", action="store_true",
+                        help="keep Claude Code's x-anthropic-billing-header system block in prompts (it changes on "
+                             "every request, so no prompt would reuse the cache past it; default: left out)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="server log verbosity (default: info)")
     add_model_options(parser)
@@ -121,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         vocab_size=binding.tokenizer.vocab_size, default_max_tokens=args.max_tokens, default_temperature=args.temp,
         default_top_p=args.top_p, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
         allowed_hosts=loopback_hosts(args.host), cors_origins=tuple(args.cors_origins), cpu_kernels=runtime["cpu_kernels"],
-        blas=runtime["blas"],
+        blas=runtime["blas"], keep_billing_header=args.keep_billing_header,
     )
     app = build_app(engine, config, response_store(args))
     where = args.ssd_cache if args.ssd_cache is not None else "off"

@@ -31,6 +31,7 @@ from mlxkv_state.header import GenerationCheckpoint
 from mlxkv.engine.checkpoints import CheckpointStore, CheckpointWriter, request_key
 from mlxkv.engine.remote_tier import RemoteStatus
 from mlxkv.engine.logprobs import LogprobTrail, render
+from mlxkv.engine.reasoning import AnswerStream, ThinkSplitter, starts_thinking, think_tags
 from mlxkv.engine.tool_calls import ToolAnswer, ToolUse, chat_messages, template_tools, tool_use
 from mlxkv.progress import PrefillLog
 
@@ -119,6 +120,7 @@ class _Job:
     top_logprobs: int | None
     key: str
     tools: ToolUse = ToolUse((), None)
+    chat: bool = False  # a templated chat: a reasoning model's think section is sent apart
     submitted: float = field(default_factory=time.perf_counter)
     trail: LogprobTrail | None = None  # the logprobs sent so far, when the request asked for them
 
@@ -129,7 +131,7 @@ class _Active:
 
     job: _Job
     generation: Generation
-    answer: ToolAnswer  # tool calls taken out of the text
+    answer: AnswerStream  # the think section and tool calls taken out of the text
     first: float | None = None  # seconds from submission to the first text
 
 
@@ -178,6 +180,7 @@ class LocalEngine:
         self._checkpoint_every = checkpoint_every
         self.context_length = context_length or int(binding.config.get("max_position_embeddings") or 4096)
         self._generator = CachedGenerator(binding, tiers, draft)
+        self._think = think_tags(binding.tokenizer)  # None: the model does not think
         self._scheduler = BatchScheduler(binding, max_batch=max_batch, prefill_budget=base_params.prefill_chunk,
                                          prefill_step_s=prefill_step_s)
         self._queue: queue.Queue[_Job | None] = queue.Queue()
@@ -200,7 +203,7 @@ class LocalEngine:
         self._check_room()  # other requests may have queued meanwhile
         handle = _Handle(uuid.uuid4().hex[:24], len(prompt), asyncio.get_running_loop())
         self._remember(GenerationStatus(handle.generation_id, time.time(), len(prompt)))
-        self._queue.put(_Job(handle, prompt, history_end, params, request.top_logprobs, key, tools))
+        self._queue.put(_Job(handle, prompt, history_end, params, request.top_logprobs, key, tools, request.messages is not None))
         return handle
 
     def _check_room(self) -> None:
@@ -214,14 +217,12 @@ class LocalEngine:
         it; raises what `submit` documents for a bad one."""
         tools = tool_use(request)
         prompt, history_end = self._encode(request, tools)
-        max_tokens = request.max_tokens
-        if request.default_max_tokens:  # the server's default, not the client's: as much as the context leaves
-            max_tokens = max(1, min(max_tokens, self.context_length - len(prompt)))
-        if len(prompt) + max_tokens > self.context_length:
-            raise PromptTooLongError(
-                f"the prompt has {len(prompt)} tokens and {max_tokens} more were requested; "
-                f"the model's context is {self.context_length} tokens"
-            )
+        if len(prompt) >= self.context_length:
+            raise PromptTooLongError(f"the prompt has {len(prompt)} tokens; the model's context is {self.context_length} "
+                                     "tokens (the prompt must leave room for at least one token of answer)")
+        # Agents ask for more than any local context holds (Claude Code: 32,000 or 128,000): the
+        # answer gets what fits, and says "length" if it runs out, instead of a refusal.
+        max_tokens = min(request.max_tokens, self.context_length - len(prompt))
         s = request.sampling
         sampling = SamplingParams(
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p, repetition_penalty=s.repetition_penalty,
@@ -242,6 +243,9 @@ class LocalEngine:
         if mode == "draft" and self._generator.draft is None:
             raise ValueError("speculative mode 'draft' needs a draft model; start the server with --draft-model or --draft-layers")
         return replace(default, mode=mode, num_draft_tokens=asked.num_draft_tokens or default.num_draft_tokens)
+
+    async def count_tokens(self, request: GenerateRequest) -> int:
+        return len((await asyncio.to_thread(self._encode, request, tool_use(request)))[0])
 
     def queue_depth(self) -> int:
         return self._waiting()
@@ -432,7 +436,9 @@ class LocalEngine:
         self._update(job, GenerationStatus.run)
         try:
             generation = self._start(job, read)
-            entry = _Active(job, generation, ToolAnswer(job.tools, handle.generation_id))
+            thinks = job.chat and self._think is not None
+            splitter = ThinkSplitter(thinks, thinks and starts_thinking(self._think, job.prompt))
+            entry = _Active(job, generation, AnswerStream(splitter, ToolAnswer(job.tools, handle.generation_id)))
             self._push(entry, self._scheduler.add(generation), with_logprobs=True)
         except Exception as e:  # noqa: BLE001 - one failed generation must not stop the worker
             self._fail(job, e)
@@ -447,9 +453,9 @@ class LocalEngine:
             logprobs: tuple[TokenLogprob, ...] = ()
             if job.trail is not None and with_logprobs:
                 logprobs = (render(self.binding.tokenizer, *job.trail.next(delta.step)),)
-            text = entry.answer.feed(delta.text)
-            if text or logprobs:
-                job.handle.push(Delta(text, logprobs=logprobs))
+            reasoning, text = entry.answer.feed(delta.text)
+            if text or reasoning or logprobs:
+                job.handle.push(Delta(text, reasoning, logprobs))
 
     def _fail(self, job: _Job, error: Exception) -> None:
         log.error("generation %s failed", job.handle.generation_id, exc_info=error)
@@ -461,9 +467,9 @@ class LocalEngine:
         self._generator.settle(generation)
         result = generation.result
         assert result is not None
-        rest, calls = entry.answer.finish(result.text)
-        if rest:
-            handle.push(Delta(rest))
+        reasoning, rest, calls = entry.answer.finish()
+        if rest or reasoning:
+            handle.push(Delta(rest, reasoning))
         if self._checkpoints is not None and result.finish_reason != "cancelled":
             self._checkpoints.remove(job.key)  # finished: nothing left to resume
         # The caches of a resumed generation also hold the tokens generated before the restart:

@@ -24,6 +24,9 @@ from mlxkv_inference import _mlx_lm
 Sampler = Callable[[mx.array, int], mx.array]
 
 _MASK64 = (1 << 64) - 1
+# Below this temperature sampling is argmax to float32 precision, and 1/T (or logprobs times it)
+# would overflow float32 into inf and NaN: such a temperature samples greedily.
+GREEDY_BELOW = 1e-20
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +65,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
 
 def choose_seed() -> int:
