@@ -31,7 +31,7 @@ def test_a_request_alone_always_joins_whatever_its_kv() -> None:
     admission: Admission[Request] = Admission(max_batch=4, max_kv_bytes=100)
     admission.learn_kv_bytes_per_token([1000])
     big = request(50)
-    assert admission.can_admit(big, running=[]) and admission.take_held() is None
+    assert admission.can_admit(big, running=[])
 
 
 def test_kv_budget_holds_a_request_and_gives_it_back_first() -> None:
@@ -41,6 +41,7 @@ def test_kv_budget_holds_a_request_and_gives_it_back_first() -> None:
     fits, too_big = request(40, 10), request(41, 10)  # 50 + 50 = 100 tokens fit; 101 do not
     assert admission.can_admit(fits, running)
     assert not admission.can_admit(too_big, running)
+    admission.hold(too_big)
     assert admission.arriving(running=1, head=fits) is None  # a held request goes before the queue
     assert admission.take_held() is too_big and admission.take_held() is None
 

@@ -85,7 +85,8 @@ class Worker:
             if job is None:
                 return True
             if not self._admission.can_admit(job, [e.job for e in active.values()]):
-                break  # held: it goes first once the running generations' KV leaves room
+                self._admission.hold(job)  # it goes first once the running generations' KV leaves room
+                break
             if self._admission.admit(job):
                 self._start(job, None, active)
         return False

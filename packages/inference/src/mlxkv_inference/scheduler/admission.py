@@ -67,12 +67,13 @@ class Admission(Generic[R]):
         return held
 
     def can_admit(self, request: R, running: Sequence[R]) -> bool:
-        """Whether `request` may join `running` (and the reads in flight) within the KV budget;
-        when it may not, it is held and `take_held` gives it back first."""
-        if self._kv_fits(request, running):
-            return True
+        """Whether `request` may join `running` (and the reads in flight) within the KV budget."""
+        return self._kv_fits(request, running)
+
+    def hold(self, request: R) -> None:
+        """Keep `request`, which may not join yet, to go before the queue (`take_held`)."""
+        assert self._held is None, "one request is held at a time"
         self._held = request
-        return False
 
     def admit(self, request: R) -> bool:
         """Admit `request`: True when it starts now, False when its SSD prefix is being read
