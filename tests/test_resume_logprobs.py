@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from mlxkv.engine.cache_services import SsdColdTier, open_cold_tier
-from mlxkv.engine.local_engine import LocalEngine, _Job
+from mlxkv.engine.jobs import Job as _Job
+from mlxkv.engine.local_engine import LocalEngine
 from mlxkv_inference import MlxAutoregressiveBinding
 from mlxkv_inference.generation.generate import CheckpointState
 from mlxkv_serve import Delta, Finished, GenerateRequest, Sampling, TokenLogprob

@@ -1,0 +1,85 @@
+"""A request as the worker runs it: the prompt built and tokenized, max_tokens clamped to the
+context, sampling, grammar and speculation over the server's defaults, and the request key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from mlxkv_inference import GenerationParams, Grammar, SamplingParams, compile_grammar
+from mlxkv_inference.speculative.speculation import SpeculativeParams
+from mlxkv_inference.tokenizer.chat import encode_chat, template_takes_tools
+from mlxkv_inference.tokenizer.protocol import Tokenizer
+from mlxkv_serve import GenerateRequest, PromptTooLongError, Speculation
+from mlxkv_ssd_cache import KvIdentity
+
+from mlxkv.engine.checkpoints import request_key
+from mlxkv.engine.tool_calls import ToolUse, chat_messages, template_tools, tool_use
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    prompt: list[int]
+    history_end: int | None  # where the chat's history ends in `prompt` (None: not a chat)
+    params: GenerationParams
+    key: str  # the request key its checkpoints are kept under
+    tools: ToolUse
+
+
+class RequestPreparer:
+    def __init__(self, tokenizer: Tokenizer, identity: KvIdentity, context_length: int, base_params: GenerationParams,
+                 has_draft: bool) -> None:
+        """`base_params` gives what a request does not; `has_draft`: whether the server has a
+        draft model (speculative mode "draft")."""
+        self._tokenizer = tokenizer
+        self._identity = identity
+        self.context_length = context_length
+        self.base_params = base_params
+        self._has_draft = has_draft
+
+    def prepare(self, request: GenerateRequest) -> Prepared:
+        """The request as the worker runs it; raises what `submit` documents for a bad one."""
+        tools = tool_use(request)
+        prompt, history_end = self.encode(request, tools)
+        if len(prompt) >= self.context_length:
+            raise PromptTooLongError(f"the prompt has {len(prompt)} tokens; the model's context is {self.context_length} "
+                                     "tokens (the prompt must leave room for at least one token of answer)")
+        # Agents ask for more than any local context holds (Claude Code: 32,000 or 128,000): the
+        # answer gets what fits, and says "length" if it runs out, instead of a refusal.
+        max_tokens = min(request.max_tokens, self.context_length - len(prompt))
+        s = request.sampling
+        sampling = SamplingParams(
+            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p, repetition_penalty=s.repetition_penalty,
+            presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty, logit_bias=dict(s.logit_bias), seed=s.seed,
+        )
+        grammar = tools.grammar or (Grammar(request.constraint.kind, request.constraint.source) if request.constraint else None)
+        if grammar is not None:
+            compile_grammar(grammar, self._tokenizer)  # a grammar that does not compile is the caller's 400
+        params = replace(self.base_params, max_tokens=max_tokens, sampling=sampling, stop=request.stop, grammar=grammar,
+                         speculative=self._speculation(request.speculative))
+        return Prepared(prompt, history_end, params, request_key(self._identity, "", prompt, params, request.top_logprobs), tools)
+
+    def encode(self, request: GenerateRequest, tools: ToolUse) -> tuple[list[int], int | None]:
+        """(prompt tokens, where the chat's history ends in them)."""
+        tokenizer = self._tokenizer
+        if request.messages is not None:
+            native = template_takes_tools(tokenizer)
+            messages = chat_messages(request.messages, tools.tools, native)
+            chat = encode_chat(tokenizer, messages, template_tools(tools.tools) if native and tools.tools else None,
+                               request.answer_start)
+            return chat.tokens, chat.history_end
+        if request.prompt is not None:
+            return tokenizer.encode(request.prompt), None
+        assert request.prompt_tokens is not None
+        bad = [t for t in request.prompt_tokens if not 0 <= t < tokenizer.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {tokenizer.vocab_size})")
+        return list(request.prompt_tokens), None
+
+    def _speculation(self, asked: Speculation) -> SpeculativeParams:
+        """The request's `speculative` field over the server's defaults (a 400 when it asks for a
+        draft model the server has none of)."""
+        default = self.base_params.speculative
+        mode = asked.mode or default.mode
+        if mode == "draft" and not self._has_draft:
+            raise ValueError("speculative mode 'draft' needs a draft model; start the server with --draft-model or --draft-layers")
+        return replace(default, mode=mode, num_draft_tokens=asked.num_draft_tokens or default.num_draft_tokens)
