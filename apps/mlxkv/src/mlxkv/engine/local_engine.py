@@ -32,7 +32,9 @@ from mlxkv.engine.checkpoints import CheckpointStore, CheckpointWriter, request_
 from mlxkv.engine.remote_tier import RemoteStatus
 from mlxkv.engine.logprobs import LogprobTrail, render
 from mlxkv.engine.reasoning import AnswerStream, ThinkSplitter, starts_thinking, think_tags
-from mlxkv.engine.tool_calls import ToolAnswer, ToolUse, chat_messages, template_tools, tool_use
+from mlxkv.engine.thinking import think_plan
+from mlxkv.engine.tool_calls import ToolAnswer, ToolUse, chat_messages, template_tools, think_grammar, tool_use
+from mlxkv.engine.tool_formats import model_tool_format
 from mlxkv.progress import PrefillLog
 
 log = logging.getLogger(__name__)
@@ -119,7 +121,7 @@ class _Job:
     params: GenerationParams
     top_logprobs: int | None
     key: str
-    tools: ToolUse = ToolUse((), None)
+    tools: ToolUse = ToolUse(())
     chat: bool = False  # a templated chat: a reasoning model's think section is sent apart
     submitted: float = field(default_factory=time.perf_counter)
     trail: LogprobTrail | None = None  # the logprobs sent so far, when the request asked for them
@@ -181,6 +183,7 @@ class LocalEngine:
         self.context_length = context_length or int(binding.config.get("max_position_embeddings") or 4096)
         self._generator = CachedGenerator(binding, tiers, draft)
         self._think = think_tags(binding.tokenizer)  # None: the model does not think
+        self._tool_format = model_tool_format(binding.tokenizer)  # its family's call format
         self._scheduler = BatchScheduler(binding, max_batch=max_batch, prefill_budget=base_params.prefill_chunk,
                                          prefill_step_s=prefill_step_s)
         self._queue: queue.Queue[_Job | None] = queue.Queue()
@@ -215,7 +218,7 @@ class LocalEngine:
     def _prepare(self, request: GenerateRequest) -> tuple[list[int], int | None, GenerationParams, str, ToolUse]:
         """(prompt, its history's end, params, request key, tools): the request as the worker runs
         it; raises what `submit` documents for a bad one."""
-        tools = tool_use(request)
+        tools = tool_use(request, self._tool_format)
         prompt, history_end = self._encode(request, tools)
         if len(prompt) >= self.context_length:
             raise PromptTooLongError(f"the prompt has {len(prompt)} tokens; the model's context is {self.context_length} "
@@ -228,12 +231,23 @@ class LocalEngine:
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p, repetition_penalty=s.repetition_penalty,
             presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty, logit_bias=dict(s.logit_bias), seed=s.seed,
         )
-        grammar = tools.grammar or (Grammar(request.constraint.kind, request.constraint.source) if request.constraint else None)
+        grammar = self._answer_grammar(request, tools, prompt, max_tokens)
         if grammar is not None:
             compile_grammar(grammar, self.binding.tokenizer)  # a grammar that does not compile is the caller's 400
         params = replace(self.base_params, max_tokens=max_tokens, sampling=sampling, stop=request.stop, grammar=grammar,
                          speculative=self._speculation(request.speculative))
         return prompt, history_end, params, request_key(self._identity, "", prompt, params, request.top_logprobs), tools
+
+    def _answer_grammar(self, request: GenerateRequest, tools: ToolUse, prompt: list[int], max_tokens: int) -> Grammar | None:
+        """Text or tool calls (after a think section), else the request's constraint, else a think
+        section bounded by its budget (thinking turned off: closed at once)."""
+        budget = 0 if request.enable_thinking is False else request.thinking_budget
+        plan = think_plan(self._think, prompt, budget) if request.messages is not None else None
+        if tools.active:
+            return tools.grammar(plan)
+        if request.constraint is not None:
+            return Grammar(request.constraint.kind, request.constraint.source)
+        return think_grammar(plan) if plan is not None and plan.budget is not None and plan.budget < max_tokens else None
 
     def _speculation(self, asked: Speculation) -> SpeculativeParams:
         """The request's `speculative` field over the server's defaults (a 400 when it asks for a
@@ -245,7 +259,7 @@ class LocalEngine:
         return replace(default, mode=mode, num_draft_tokens=asked.num_draft_tokens or default.num_draft_tokens)
 
     async def count_tokens(self, request: GenerateRequest) -> int:
-        return len((await asyncio.to_thread(self._encode, request, tool_use(request)))[0])
+        return len((await asyncio.to_thread(self._encode, request, tool_use(request, self._tool_format)))[0])
 
     def queue_depth(self) -> int:
         return self._waiting()
@@ -335,7 +349,7 @@ class LocalEngine:
             native = template_takes_tools(tokenizer)
             messages = chat_messages(request.messages, tools.tools, native)
             chat = encode_chat(tokenizer, messages, template_tools(tools.tools) if native and tools.tools else None,
-                               request.answer_start)
+                               request.answer_start, request.enable_thinking)
             return chat.tokens, chat.history_end
         if request.prompt is not None:
             return tokenizer.encode(request.prompt), None
