@@ -113,7 +113,8 @@ def split_tool_calls(text: str, tools: Sequence[Tool], id_prefix: str,
     this format's, not the model's answer (the finish reason says the answer was cut).
     """
     fmt = fmt or hermes_format()
-    if not text.startswith(fmt.start) and not fmt.start.startswith(text):  # (cut inside the first marker: a call too)
+    cut_in_marker = not fmt.start_is_token and fmt.start.startswith(text)  # a call cut inside its spelled-out marker
+    if not text.startswith(fmt.start) and not cut_in_marker:
         return text, ()
     names = {t.name for t in tools}
     calls = [(name, arguments) for name, arguments in fmt.parse(text, tools) if name in names]

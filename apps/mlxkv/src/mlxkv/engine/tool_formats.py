@@ -4,13 +4,13 @@ to match the tools' schemas, and their parser.
     hermes       <tool_call>\\n{"name": N, "arguments": {...}}\\n</tool_call>   Qwen2.5/3, Hermes (and the fallback)
     qwen3_coder  <tool_call>\\n<function=N>\\n<parameter=P>\\nV\\n</parameter>\\n</function>\\n</tool_call>
     llama3_json  {"name": N, "parameters": {...}}                                Llama 3.1-3.3
-    mistral      [TOOL_CALLS][{"name": N, "arguments": {...}}]                  Mistral v3 tokenizers
+    mistral      [TOOL_CALLS] [{"name": N, "arguments": {...}}]                 Mistral v3 tokenizers
     mistral      [TOOL_CALLS]N[ARGS]{...}                                       Mistral v11+ ([ARGS] in the vocabulary)
 
 The format is chosen from the chat template's source (the markers mlx-lm's `_infer_tool_parser`
 looks for) and the vocabulary. A marker that is one token of the vocabulary is written in the
-grammar as that token (`<[id]>`), so the model is forced the token it was trained on, not its
-spelling in bytes. Parsing uses mlx-lm's parsers where they fit (qwen3_coder, mistral); the JSON
+grammar as that token (`<[id]>`, for an added token), so the model is forced the token it was
+trained on, not its spelling in bytes. Parsing uses mlx-lm's parsers where they fit (qwen3_coder, mistral); the JSON
 formats are parsed here (mlx-lm's json_tools is `json.loads`, and it has no Llama 3 parser).
 """
 
@@ -47,18 +47,22 @@ class ToolFormat:
         """The well-formed calls in `text` (an answer of the call branch), in order."""
         return _PARSERS[self.name](self, text, tools)
 
+    @property
+    def start_is_token(self) -> bool:
+        """Whether calls start with a marker token (text never produces it), not spelled-out text."""
+        return self.literal(self.start).startswith("<[")
+
     def text_rule(self) -> str:
         """Free text: not starting with a newline, nor with the call marker's first character
         when that marker is spelled in text (a marker token cannot be produced by text)."""
         first = self.start[0]
-        marked_by_token = self.literal(self.start).startswith("<[")
-        excluded = "\\n" if marked_by_token or first == "\n" else f"\\n{re.escape(first)}".replace("/", "\\/")
+        excluded = "\\n" if self.start_is_token or first == "\n" else f"\\n{re.escape(first)}".replace("/", "\\/")
         return f"TEXT: /[^{excluded}](.|\\n)*/"
 
 
 def detect_tool_format(template: str, vocab: Collection[str], literal: Literal_) -> ToolFormat:
     """The call format of a model whose chat template source is `template` and whose vocabulary
-    holds the token strings `vocab`; Hermes when nothing more specific is found."""
+    holds the added tokens `vocab`; Hermes when nothing more specific is found."""
     if "<tool_call>\n<function=" in template or "<tool_call>\\n<function=" in template:
         return ToolFormat("qwen3_coder", "<tool_call>", literal)
     if "[TOOL_CALLS]" in template or "[TOOL_CALLS]" in vocab:
@@ -74,8 +78,9 @@ def model_tool_format(tokenizer: object) -> ToolFormat:
     its `backend` vocabulary, where it has them)."""
     template = getattr(tokenizer, "chat_template", None)
     backend = getattr(tokenizer, "backend", None)
-    vocab: dict[str, int] = dict(backend.get_vocab()) if backend is not None else {}
-    return detect_tool_format(template if isinstance(template, str) else "", vocab, token_literal(vocab.get))
+    # Markers are added tokens (special or not): a byte-level vocabulary's "{" is no marker.
+    added = {str(t.content): int(i) for i, t in backend.get_added_tokens_decoder().items()} if backend is not None else {}
+    return detect_tool_format(template if isinstance(template, str) else "", added, token_literal(added.get))
 
 
 def token_literal(token_ids: Callable[[str], int | None]) -> Literal_:
@@ -125,8 +130,11 @@ def _qwen3_coder_rules(fmt: ToolFormat, tools: Sequence[Tool], parallel: bool) -
 
 
 def _xml_value(prop: dict[str, Any]) -> str:
-    """A Qwen3-Coder parameter value: a string raw (an enum's one of its values), else JSON."""
+    """A Qwen3-Coder parameter value: a string raw (within its maxLength; an enum's one of its
+    values), else JSON."""
     if prop.get("type") == "string" and "enum" not in prop and "pattern" not in prop and "format" not in prop:
+        if isinstance(prop.get("maxLength"), int):
+            return f"/(.|\\n){{0,{prop['maxLength']}}}/"
         return "RAW"
     if "enum" in prop and all(isinstance(v, str) for v in prop["enum"]):
         return "(" + " | ".join(json.dumps(v) for v in prop["enum"]) + ")"
@@ -139,7 +147,7 @@ def _llama3_rules(fmt: ToolFormat, tools: Sequence[Tool], parallel: bool) -> lis
 
 def _mistral_rules(fmt: ToolFormat, tools: Sequence[Tool], parallel: bool) -> list[str]:
     more = ' (", " call)*' if parallel else ""
-    return [f'calls: {fmt.literal("[TOOL_CALLS]")} "[" call{more} "]"', f"call: {_json(_call_schemas(tools, 'arguments'))}"]
+    return [f'calls: {fmt.literal("[TOOL_CALLS]")} " [" call{more} "]"', f"call: {_json(_call_schemas(tools, 'arguments'))}"]
 
 
 def _mistral_args_rules(fmt: ToolFormat, tools: Sequence[Tool], parallel: bool) -> list[str]:
