@@ -27,7 +27,7 @@ from mlxkv_serve import Tool
 
 from mlxkv.engine import _mlx_lm_tools
 
-Literal_ = Callable[[str], str]  # marker text -> its Lark form (a token reference or a quoted string)
+MarkerLark = Callable[[str], str]  # marker text -> its Lark form (a token reference or a quoted string)
 Parsed = tuple[str, dict[str, Any]]  # (tool name, arguments)
 
 
@@ -38,7 +38,7 @@ class ToolFormat:
 
     name: str
     start: str
-    literal: Literal_
+    literal: MarkerLark
 
     def rules(self, tools: Sequence[Tool], parallel: bool) -> list[str]:
         return _RULES[self.name](self, tools, parallel)
@@ -60,7 +60,7 @@ class ToolFormat:
         return f"TEXT: /[^{excluded}](.|\\n)*/"
 
 
-def detect_tool_format(template: str, vocab: Collection[str], literal: Literal_) -> ToolFormat:
+def detect_tool_format(template: str, vocab: Collection[str], literal: MarkerLark) -> ToolFormat:
     """The call format of a model whose chat template source is `template` and whose vocabulary
     holds the added tokens `vocab`; Hermes when nothing more specific is found."""
     if "<tool_call>\n<function=" in template or "<tool_call>\\n<function=" in template:
@@ -83,8 +83,8 @@ def model_tool_format(tokenizer: object) -> ToolFormat:
     return detect_tool_format(template if isinstance(template, str) else "", added, token_literal(added.get))
 
 
-def token_literal(token_ids: Callable[[str], int | None]) -> Literal_:
-    """A `Literal_` that writes a marker as its token when `token_ids(marker)` finds one."""
+def token_literal(token_ids: Callable[[str], int | None]) -> MarkerLark:
+    """A `MarkerLark` that writes a marker as its token when `token_ids(marker)` finds one."""
 
     def literal(text: str) -> str:
         token = token_ids(text)
