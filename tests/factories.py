@@ -97,7 +97,8 @@ class ByteTokenizer:
         return str(self._tok.decode([i for i in ids if i <= EOS_ID], skip_special_tokens=False))
 
     def apply_chat_template(
-        self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tools: Sequence[Message] | None = None
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tools: Sequence[Message] | None = None,
+        enable_thinking: bool | None = None,
     ) -> str:
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
@@ -127,7 +128,8 @@ class QwenStyleByteTokenizer(ByteTokenizer):
     """The byte tokenizer with a chat template that takes `tools` (Qwen/Hermes style)."""
 
     def apply_chat_template(
-        self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tools: Sequence[Message] | None = None
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tools: Sequence[Message] | None = None,
+        enable_thinking: bool | None = None,
     ) -> str:
         return render_chat_template(QWEN_TOOLS_TEMPLATE, messages, add_generation_prompt=add_generation_prompt,
                                     tools=[dict(t) for t in tools] if tools else None)

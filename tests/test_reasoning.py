@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 
 from mlxkv.engine.local_engine import LocalEngine
 from mlxkv.engine.reasoning import AnswerStream, ThinkSplitter, starts_thinking, think_tags
-from mlxkv.engine.tool_calls import ToolAnswer, ToolUse, tool_grammar
+from mlxkv.engine.tool_calls import ToolAnswer, ToolUse
 from mlxkv_inference import Message
 from mlxkv_serve import ServeConfig, Tool, build_app
 from tests.factories import EOS_ID, ByteTokenizer, make_tiny_binding
@@ -31,7 +31,7 @@ class ThinkingByteTokenizer(ByteTokenizer):
         return str(self.backend.decode([i for i in ids if i <= CLOSE_ID], skip_special_tokens=False))
 
     def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
-                            tools: Sequence[Message] | None = None) -> str:
+                            tools: Sequence[Message] | None = None, enable_thinking: bool | None = None) -> str:
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return text + ("<assistant><think>\n" if add_generation_prompt else "")
 
@@ -53,7 +53,7 @@ def test_the_think_section_is_split_out_even_when_its_tags_are_cut() -> None:
 
 def test_tool_calls_after_the_think_section_are_parsed() -> None:
     tools = (Tool("f", "", json.dumps({"type": "object"})),)
-    answer = AnswerStream(ThinkSplitter(True, True), ToolAnswer(ToolUse(tools, tool_grammar(tools, required=False, parallel=True)), "g"))
+    answer = AnswerStream(ThinkSplitter(True, True), ToolAnswer(ToolUse(tools, tools), "g"))
     pieces = ["plan</think>\n\n<tool_", 'call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>']
     fed = [answer.feed(p) for p in pieces]
     reasoning, rest, calls = answer.finish()

@@ -45,7 +45,7 @@ def test_parser_reads_calls_of_declared_tools_and_keeps_the_rest_as_text() -> No
 
 
 def test_free_text_streams_while_calls_wait_for_the_whole_answer() -> None:
-    active = ToolUse(TOOLS, tool_grammar(TOOLS, required=False, parallel=True))
+    active = ToolUse(TOOLS, TOOLS)
     text = ToolAnswer(active, "g")
     assert [text.feed(part) for part in ("", "Hel", "lo <x>")] == ["", "Hel", "lo <x>"] and text.finish("Hello <x>") == ("", ())
     call = ToolAnswer(active, "g")

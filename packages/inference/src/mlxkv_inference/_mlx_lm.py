@@ -108,11 +108,13 @@ def tokenizer_decode(wrapper: Any, ids: list[int]) -> str:
 
 
 def tokenizer_chat_template(
-    wrapper: Any, messages: list[dict[str, Any]], add_generation_prompt: bool, tools: list[dict[str, Any]] | None = None
+    wrapper: Any, messages: list[dict[str, Any]], add_generation_prompt: bool, tools: list[dict[str, Any]] | None = None,
+    **template_kwargs: Any,
 ) -> str:
     if getattr(wrapper, "chat_template", None) is None:
         raise ValueError("this model has no chat template; use raw prompts")
-    return str(wrapper.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt, tools=tools))
+    return str(wrapper.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt, tools=tools,
+                                           **template_kwargs))
 
 
 def async_eval(*arrays: mx.array) -> None:

@@ -61,7 +61,9 @@ def parse_messages(body: Any, config: ServeConfig, *, counting: bool = False) ->
                            "a grammar or a regex here", "messages")
     generate = GenerateRequest(max_tokens=max_tokens, sampling=sampling, messages=tuple(messages), answer_start=answer_start,
                                stop=f.stop("stop_sequences", MAX_STOP), constraint=constraint, tools=tools,
-                               tool_choice=choice, tool_name=name, parallel_tool_calls=parallel, speculative=speculation(f.body))
+                               tool_choice=choice, tool_name=name, parallel_tool_calls=parallel, speculative=speculation(f.body),
+                               enable_thinking=None if think is None else think.kind != "disabled",
+                               thinking_budget=think.budget if think is not None else None)
     return MessagesRequest(generate, f.boolean("stream", False), think, dropped)
 
 

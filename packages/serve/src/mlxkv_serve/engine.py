@@ -99,6 +99,10 @@ class GenerateRequest:
     tool_name: str | None = None  # the one tool the answer must call (tool_choice naming a function)
     parallel_tool_calls: bool = True
     speculative: Speculation = field(default_factory=Speculation)
+    # A reasoning model's thinking: `enable_thinking` reaches templates that take it (None: their
+    # default); its think section is closed after `thinking_budget` tokens (None: no bound).
+    enable_thinking: bool | None = None
+    thinking_budget: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

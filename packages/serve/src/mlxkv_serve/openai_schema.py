@@ -41,7 +41,22 @@ def parse_chat(body: Any, config: ServeConfig) -> OpenAiRequest:
     max_tokens = f.integer("max_completion_tokens", None, 1, config.max_tokens_limit)
     if max_tokens is None:
         max_tokens = f.integer("max_tokens", None, 1, config.max_tokens_limit)
-    return _request(f, config, max_tokens, top, messages=chat)
+    return _request(f, config, max_tokens, top, messages=chat, enable_thinking=_enable_thinking(f.body))
+
+
+def _enable_thinking(body: Any) -> bool | None:
+    """`chat_template_kwargs.enable_thinking` (vLLM's and SGLang's field; DeepSeek's `thinking` too);
+    the template's other keyword arguments are not passed on."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return None
+    if not isinstance(kwargs, dict):
+        raise RequestError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    value = kwargs.get("enable_thinking", kwargs.get("thinking"))
+    if value is not None and not isinstance(value, bool):
+        raise RequestError(400, f"'chat_template_kwargs.enable_thinking' must be true or false, got {value!r}",
+                           "chat_template_kwargs")
+    return value
 
 
 def parse_completion(body: Any, config: ServeConfig) -> OpenAiRequest:

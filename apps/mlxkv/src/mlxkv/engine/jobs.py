@@ -101,7 +101,7 @@ class Job:
     params: GenerationParams
     top_logprobs: int | None
     key: str
-    tools: ToolUse = ToolUse((), None)
+    tools: ToolUse = ToolUse(())
     chat: bool = False  # a templated chat: a reasoning model's think section is sent apart
     submitted: float = field(default_factory=time.perf_counter)
     trail: LogprobTrail | None = None  # the logprobs sent so far, when the request asked for them

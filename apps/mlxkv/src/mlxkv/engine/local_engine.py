@@ -32,7 +32,6 @@ from mlxkv.engine.health import CacheReport
 from mlxkv.engine.jobs import GenerationStatus, Handle, Job, JobQueue, StatusBook
 from mlxkv.engine.preparation import RequestPreparer
 from mlxkv.engine.remote_tier import RemoteStatus
-from mlxkv.engine.tool_calls import tool_use
 from mlxkv.engine.worker import Checkpointing, Worker
 
 DEFAULT_MAX_QUEUE = 16
@@ -136,7 +135,7 @@ class LocalEngine:
         return handle
 
     async def count_tokens(self, request: GenerateRequest) -> int:
-        return len((await asyncio.to_thread(self._preparer.encode, request, tool_use(request)))[0])
+        return len((await asyncio.to_thread(self._preparer.encode, request, self._preparer.tools(request)))[0])
 
     def queue_depth(self) -> int:
         return self._waiting()

@@ -13,7 +13,10 @@ from mlxkv_serve import GenerateRequest, PromptTooLongError, Speculation
 from mlxkv_ssd_cache import KvIdentity
 
 from mlxkv.engine.checkpoints import request_key
-from mlxkv.engine.tool_calls import ToolUse, chat_messages, template_tools, tool_use
+from mlxkv.engine.reasoning import think_tags
+from mlxkv.engine.thinking import think_plan
+from mlxkv.engine.tool_calls import ToolUse, chat_messages, template_tools, think_grammar, tool_use
+from mlxkv.engine.tool_formats import model_tool_format
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,10 +38,15 @@ class RequestPreparer:
         self.context_length = context_length
         self.base_params = base_params
         self._has_draft = has_draft
+        self._think = think_tags(tokenizer)  # None: the model does not think
+        self._tool_format = model_tool_format(tokenizer)  # its family's call format
+
+    def tools(self, request: GenerateRequest) -> ToolUse:
+        return tool_use(request, self._tool_format)
 
     def prepare(self, request: GenerateRequest) -> Prepared:
         """The request as the worker runs it; raises what `submit` documents for a bad one."""
-        tools = tool_use(request)
+        tools = self.tools(request)
         prompt, history_end = self.encode(request, tools)
         if len(prompt) >= self.context_length:
             raise PromptTooLongError(f"the prompt has {len(prompt)} tokens; the model's context is {self.context_length} "
@@ -51,7 +59,7 @@ class RequestPreparer:
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p, repetition_penalty=s.repetition_penalty,
             presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty, logit_bias=dict(s.logit_bias), seed=s.seed,
         )
-        grammar = tools.grammar or (Grammar(request.constraint.kind, request.constraint.source) if request.constraint else None)
+        grammar = self._answer_grammar(request, tools, prompt, max_tokens)
         if grammar is not None:
             compile_grammar(grammar, self._tokenizer)  # a grammar that does not compile is the caller's 400
         params = replace(self.base_params, max_tokens=max_tokens, sampling=sampling, stop=request.stop, grammar=grammar,
@@ -65,7 +73,7 @@ class RequestPreparer:
             native = template_takes_tools(tokenizer)
             messages = chat_messages(request.messages, tools.tools, native)
             chat = encode_chat(tokenizer, messages, template_tools(tools.tools) if native and tools.tools else None,
-                               request.answer_start)
+                               request.answer_start, request.enable_thinking)
             return chat.tokens, chat.history_end
         if request.prompt is not None:
             return tokenizer.encode(request.prompt), None
@@ -74,6 +82,17 @@ class RequestPreparer:
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {tokenizer.vocab_size})")
         return list(request.prompt_tokens), None
+
+    def _answer_grammar(self, request: GenerateRequest, tools: ToolUse, prompt: list[int], max_tokens: int) -> Grammar | None:
+        """Text or tool calls (after a think section), else the request's constraint, else a think
+        section bounded by its budget (thinking turned off: closed at once)."""
+        budget = 0 if request.enable_thinking is False else request.thinking_budget
+        plan = think_plan(self._think, prompt, budget) if request.messages is not None else None
+        if tools.active:
+            return tools.grammar(plan)
+        if request.constraint is not None:
+            return Grammar(request.constraint.kind, request.constraint.source)
+        return think_grammar(plan) if plan is not None and plan.budget is not None and plan.budget < max_tokens else None
 
     def _speculation(self, asked: Speculation) -> SpeculativeParams:
         """The request's `speculative` field over the server's defaults (a 400 when it asks for a

@@ -12,11 +12,11 @@ there), else when the answer's first text is `<think>`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from mlxkv_serve import ToolCall
 
+from mlxkv.engine.thinking import ThinkTags
 from mlxkv.engine.tool_calls import ToolAnswer
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -24,14 +24,6 @@ OPEN, CLOSE = "<think>", "</think>"
 
 class _Tokens(Protocol):
     def encode(self, text: str, *, add_special_tokens: bool = ...) -> list[int]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ThinkTags:
-    """The think tags' token ids in one model's vocabulary."""
-
-    open_id: int
-    close_id: int
 
 
 def think_tags(tokenizer: _Tokens) -> ThinkTags | None:

@@ -1,67 +1,84 @@
-"""Tool calling in the Hermes/Qwen format, on any model.
+"""Tool calling on any model, in the call format of its family (see `tool_formats`).
 
-    answer := free text | <tool_call>\\n{"name": N, "arguments": {...}}\\n</tool_call> (\\n<tool_call>...)*
+    answer := [think section] (free text | calls)            calls: the family's format
 
-A template that takes `tools` (Qwen, Hermes) renders them itself; for one that does not (the embedded
-SmolLM2), the tools are described in the system prompt and past calls and results become text.
-Either way the answer is constrained by a grammar whose calls name a declared tool with arguments
-that match its schema; `required` (or a named tool) leaves out the free-text branch.
+A template that takes `tools` (Qwen, Hermes, Llama 3.x, Mistral) renders them itself and its
+family's format is used; for one that does not (the embedded SmolLM2), the tools are described in
+the system prompt in the Hermes format and past calls and results become text. Either way the
+answer is constrained by a grammar whose calls name a declared tool with arguments that match its
+schema; `required` (or a named tool) leaves out the free-text branch. A reasoning model's think
+section may come first (see `thinking.ThinkPlan`).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mlxkv_inference import Grammar
-from mlxkv_inference.generation.constraint import JSON_LAYOUT
 from mlxkv_serve import ChatMessage, GenerateRequest, Tool, ToolCall
 
+from mlxkv.engine.thinking import ThinkPlan, think_rules
+from mlxkv.engine.tool_formats import ToolFormat, hermes_format
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True)
 class ToolUse:
-    """How one request uses tools: the tools the model sees and whether its answer is constrained."""
+    """How one request uses tools: the tools the model sees, those it may call, and in what format."""
 
     tools: tuple[Tool, ...]
-    grammar: Grammar | None
+    callable: tuple[Tool, ...] = ()
+    required: bool = False
+    parallel: bool = True
+    format: ToolFormat = field(default_factory=hermes_format)
 
     @property
     def active(self) -> bool:
-        return self.grammar is not None
+        """Whether the answer is constrained to text or calls."""
+        return bool(self.callable)
+
+    def grammar(self, think: ThinkPlan | None = None) -> Grammar:
+        """The answer's grammar: the think section where `think` says, then text or calls."""
+        return tool_grammar(self.callable, required=self.required, parallel=self.parallel, fmt=self.format, think=think)
 
 
-def tool_use(request: GenerateRequest) -> ToolUse:
-    """The tools a request offers (none when `tool_choice` is "none") and its answer grammar."""
+def tool_use(request: GenerateRequest, fmt: ToolFormat | None = None) -> ToolUse:
+    """The tools a request offers (none when `tool_choice` is "none"), in the model's format `fmt`."""
     if not request.tools or request.tool_choice == "none":
-        return ToolUse((), None)
-    callable_tools = [t for t in request.tools if request.tool_name in (None, t.name)]
+        return ToolUse(())
+    callable_tools = tuple(t for t in request.tools if request.tool_name in (None, t.name))
     required = request.tool_choice == "required" or request.tool_name is not None
-    return ToolUse(request.tools, tool_grammar(callable_tools, required=required, parallel=request.parallel_tool_calls))
+    return ToolUse(request.tools, callable_tools, required, request.parallel_tool_calls, fmt or hermes_format())
 
 
-def tool_grammar(tools: Sequence[Tool], *, required: bool, parallel: bool) -> Grammar:
-    """A Lark grammar: text not starting with '<' (unless `required`), or calls of `tools`."""
-    calls = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": json.loads(t.parameters)},
-              "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
-    lines = [
-        "start: calls" if required else "start: TEXT | calls",
-        'calls: call ("\\n" call)*' if parallel else "calls: call",
-        f'call: "{OPEN}\\n" body "\\n{CLOSE}"',
-        f"body: %json {json.dumps({'x-guidance': JSON_LAYOUT, 'anyOf': calls})}",
-        r"TEXT: /[^<\n](.|\n)*/",
-    ]
+def tool_grammar(tools: Sequence[Tool], *, required: bool, parallel: bool, fmt: ToolFormat | None = None,
+                 think: ThinkPlan | None = None) -> Grammar:
+    """A Lark grammar: [think section] then text not starting as a call does (unless `required`), or calls of `tools`."""
+    fmt = fmt or hermes_format()
+    answer = "calls" if required else "TEXT | calls"
+    lines = [_start(answer, think), *think_rules(think, newlines=True), *fmt.rules(tools, parallel), fmt.text_rule()]
     return Grammar("lark", "\n".join(lines) + "\n")
+
+
+def think_grammar(think: ThinkPlan) -> Grammar:
+    """The think section (within its budget), then any text: for an answer with no other grammar."""
+    lines = [_start("ANY", think), *think_rules(think, newlines=False), r"ANY: /(.|\n)*/"]
+    return Grammar("lark", "\n".join(lines) + "\n")
+
+
+def _start(answer: str, think: ThinkPlan | None) -> str:
+    if think is None:
+        return f"start: {answer}"
+    return f"start: think ({answer})" if think.opened else f"start: think? ({answer})"
 
 
 class ToolAnswer:
     """Streams an answer that may be calls: free text is passed on as it comes (the grammar decides
-    the branch on the first character), calls are held back until the answer is complete."""
+    the branch on its first characters), calls are held back until the answer is complete."""
 
     def __init__(self, tools: ToolUse, id_prefix: str) -> None:
         self._tools = tools
@@ -74,7 +91,8 @@ class ToolAnswer:
         if self._streaming:
             return text
         self._held += text
-        if self._held and not self._held.startswith("<"):  # the free-text branch: never a call
+        start = self._tools.format.start
+        if self._held and not self._held.startswith(start) and not start.startswith(self._held):  # never a call
             self._streaming, text, self._held = True, self._held, ""
             return text
         return ""
@@ -83,28 +101,25 @@ class ToolAnswer:
         """What is left to send of the whole answer `text`, and its calls."""
         if self._streaming:
             return "", ()
-        return split_tool_calls(text, self._tools.tools, self._id_prefix)
+        return split_tool_calls(text, self._tools.tools, self._id_prefix, self._tools.format)
 
 
-def split_tool_calls(text: str, tools: Sequence[Tool], id_prefix: str) -> tuple[str, tuple[ToolCall, ...]]:
+def split_tool_calls(text: str, tools: Sequence[Tool], id_prefix: str,
+                     fmt: ToolFormat | None = None) -> tuple[str, tuple[ToolCall, ...]]:
     """(text, calls) of an answer: one that starts with a call (the grammar's call branch) is
     calls only, its well-formed calls of declared tools; other text is returned whole.
 
     A call cut short (the answer ran out of tokens) is dropped, not returned as text: the markup is
     this format's, not the model's answer (the finish reason says the answer was cut).
     """
-    if not text.startswith(OPEN) and not OPEN.startswith(text):  # (cut inside the first tag: a call too)
+    fmt = fmt or hermes_format()
+    cut_in_marker = not fmt.start_is_token and fmt.start.startswith(text)  # a call cut inside its spelled-out marker
+    if not text.startswith(fmt.start) and not cut_in_marker:
         return text, ()
     names = {t.name for t in tools}
-    calls: list[ToolCall] = []
-    for match in _CALL.finditer(text):
-        try:
-            call = json.loads(match.group(1))
-        except json.JSONDecodeError:
-            continue
-        if isinstance(call, dict) and call.get("name") in names and isinstance(call.get("arguments"), dict):
-            calls.append(ToolCall(f"{id_prefix}_{len(calls)}", call["name"], json.dumps(call["arguments"], ensure_ascii=False)))
-    return "", tuple(calls)
+    calls = [(name, arguments) for name, arguments in fmt.parse(text, tools) if name in names]
+    return "", tuple(ToolCall(f"{id_prefix}_{i}", name, json.dumps(arguments, ensure_ascii=False))
+                     for i, (name, arguments) in enumerate(calls))
 
 
 def chat_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool], template_takes_tools: bool) -> list[dict[str, Any]]:

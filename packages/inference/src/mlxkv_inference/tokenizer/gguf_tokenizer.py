@@ -88,6 +88,11 @@ class GgufTokenizer:
     def bos_token_id(self) -> int | None:
         return self._bos
 
+    @property
+    def chat_template(self) -> str:
+        """The chat template's source ("" for none): what tool-call formats are chosen from."""
+        return self._template
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         # encode_batch lets go of the GIL while it works (encode holds it: a megabyte prompt
         # tokenized on a server's worker thread would stall its event loop for seconds).
@@ -101,7 +106,8 @@ class GgufTokenizer:
         return out
 
     def apply_chat_template(
-        self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tools: Sequence[Message] | None = None
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tools: Sequence[Message] | None = None,
+        enable_thinking: bool | None = None,
     ) -> str:
         if not self._template:
             raise ValueError("this model has no chat template; use raw prompts")
@@ -109,6 +115,7 @@ class GgufTokenizer:
         return render_chat_template(
             self._template, messages, add_generation_prompt=add_generation_prompt, bos_token=bos or "",
             tools=[dict(t) for t in tools] if tools else None,
+            **({} if enable_thinking is None else {"enable_thinking": enable_thinking}),
         )
 
     def content_hash(self) -> str:

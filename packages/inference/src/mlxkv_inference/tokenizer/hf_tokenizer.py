@@ -41,6 +41,12 @@ class HfTokenizer:
         """The `tokenizers.Tokenizer` behind the transformers tokenizer (for grammar masks)."""
         return self._wrapper._tokenizer.backend_tokenizer
 
+    @property
+    def chat_template(self) -> str:
+        """The chat template's source ("" for none): what tool-call formats are chosen from."""
+        template = getattr(self._wrapper, "chat_template", None)
+        return template if isinstance(template, str) else ""
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return _mlx_lm.tokenizer_encode(self._wrapper, text, add_special_tokens)
 
@@ -48,10 +54,12 @@ class HfTokenizer:
         return _mlx_lm.tokenizer_decode(self._wrapper, list(ids))
 
     def apply_chat_template(
-        self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tools: Sequence[Message] | None = None
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tools: Sequence[Message] | None = None,
+        enable_thinking: bool | None = None,
     ) -> str:
         specs = [dict(t) for t in tools] if tools else None
-        return _mlx_lm.tokenizer_chat_template(self._wrapper, [dict(m) for m in messages], add_generation_prompt, specs)
+        extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        return _mlx_lm.tokenizer_chat_template(self._wrapper, [dict(m) for m in messages], add_generation_prompt, specs, **extra)
 
     def content_hash(self) -> str:
         return self._hash

@@ -22,9 +22,11 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
     def apply_chat_template(
-        self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tools: Sequence[Message] | None = None
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tools: Sequence[Message] | None = None,
+        enable_thinking: bool | None = None,
     ) -> str:
-        """Render `messages`; `tools` (OpenAI function specs) reach templates that take them."""
+        """Render `messages`; `tools` (OpenAI function specs) reach templates that take them, and so
+        does `enable_thinking` where it is not None (Qwen3's switch; other templates ignore it)."""
         ...
 
     def content_hash(self) -> str:
