@@ -29,7 +29,8 @@ from mlxkv_inference.native.layer import use_native_layers
 from mlxkv_inference.native.mlp import NATIVE_SWIGLU, use_native_swiglu
 from mlxkv_inference.native.norm import NATIVE_RMS_NORM, use_native_rms_norm
 from mlxkv_inference.cache.recurrent_replay import use_recurrent_replay
-from mlxkv_inference.speculative.speculation import Round, StepCosts, round_fits
+from mlxkv_inference.cache.rounds import Round, round_fits
+from mlxkv_inference.step_costs import StepCosts
 from mlxkv_inference.tokenizer.protocol import Tokenizer
 
 DEFAULT_PREFILL_CHUNK = 512

@@ -28,7 +28,8 @@ import time
 from collections.abc import Sequence
 
 from mlxkv_inference.speculative.proposers import DraftModel, Proposer, PromptLookup
-from mlxkv_inference.speculative.speculation import SpeculativeParams, StepCosts
+from mlxkv_inference.speculative.speculation import SpeculativeParams
+from mlxkv_inference.step_costs import StepCosts
 
 DECAY = 0.9  # weight of earlier rounds in the acceptance estimate
 RETRY_EVERY = 16
