@@ -237,11 +237,7 @@ class Generation:
 
     # -- pipelined steps: the next token fed before it is read ------------------------------
     def runs_ahead(self, sequences: int) -> bool:
-        """Whether a pipelined step may feed this generation's next token before reading the
-        one in flight (see `BatchScheduler`): a plain step, with nothing that needs the token's
-        value first (a grammar's mask, drafts, a checkpoint at the token in flight) and caches
-        that can drop a fed token again (where the generation ends on the token in flight).
-        `sequences`: the generations the step feeds."""
+        """Whether a pipelined step may feed the next token before the one in flight is read (`RunAhead.may_run`)."""
         return self.needs_step and self._ahead.may_run(sequences)
 
     @property
@@ -255,9 +251,7 @@ class Generation:
         return len(self._ahead)
 
     def ahead_input(self, sequences: int) -> mx.array:
-        """The (1,) token a pipelined step feeds (`runs_ahead(sequences)` said it may): the last
-        one drawn, read or not. The speculator counts the step as a plain one, as it would a
-        plain step's (prompt lookup guesses the token read next)."""
+        """The (1,) token a pipelined step feeds: the last one drawn (`RunAhead.input`)."""
         return self._ahead.input(sequences)
 
     def draw_ahead(self, logits: mx.array) -> list[mx.array]:
@@ -277,7 +271,8 @@ class Generation:
         self._ahead.land()
         tail = self._seq.detokenizer.finish()
         self._timer.end()
-        self.result = self._make_result()
+        self.result = self._seq.result(self._timer.rates(len(self.prompt) - self.cached_tokens, self._seq.decoded),
+                                       self._drafting.drafted, self._drafting.accepted)
         return [TextDelta(tail, self._seq.last_step)] if tail else []
 
     @property
@@ -306,17 +301,6 @@ class Generation:
         if n % 256 == 255:
             mx.clear_cache()
         return self._seq.take(step, step.token in self._binding.eos_token_ids and not self._params.ignore_eos)
-
-    def _make_result(self) -> GenerationResult:
-        seq = self._seq
-        ttft, prefill_tps, decode_tps = self._timer.rates(len(seq.prompt) - seq.cached_tokens,
-                                                          len(seq.tokens) - len(seq.replayed))
-        return GenerationResult(
-            token_ids=tuple(seq.tokens), text=seq.detokenizer.text, finish_reason=seq.finish_reason,
-            prompt_tokens=seq.original_prompt, cached_tokens=seq.cached_tokens, generated_tokens=len(seq.tokens),
-            seed=seq.seed, ttft_s=ttft, prefill_tps=prefill_tps, decode_tps=decode_tps,
-            draft_tokens=self._drafting.drafted, accepted_tokens=self._drafting.accepted,
-        )
 
 
 def _make_run(binding: MlxAutoregressiveBinding, seq: SequenceState, params: GenerationParams) -> SequenceRun:

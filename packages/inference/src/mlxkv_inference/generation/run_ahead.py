@@ -36,7 +36,12 @@ class RunAhead:
         return len(self._ahead)
 
     def may_run(self, sequences: int) -> bool:
-        """See `Generation.runs_ahead` (the caller checked that the next token needs a plain step)."""
+        """Whether a pipelined step may feed this generation's next token before reading the
+        one in flight (see `BatchScheduler`): a plain step, with nothing that needs the token's
+        value first (a grammar's mask, drafts, a checkpoint at the token in flight) and caches
+        that can drop a fed token again (where the generation ends on the token in flight).
+        `sequences`: the generations the step feeds.
+        (The caller checked that the next token needs a plain step.)"""
         seq = self._sequence
         if seq.cancelled or self._run.constrained or self._drafting.draft_model is not None:
             return False
@@ -52,7 +57,9 @@ class RunAhead:
         return self._sequence.emitted + len(self._ahead)
 
     def input(self, sequences: int) -> mx.array:
-        """See `Generation.ahead_input`."""
+        """The (1,) token a pipelined step feeds (`may_run(sequences)` said it may): the last
+        one drawn, read or not. The speculator counts the step as a plain one, as it would a
+        plain step's (prompt lookup guesses the token read next)."""
         self._drafting.plain_ahead(self.produced, sequences)
         return self._run.decode_input()
 

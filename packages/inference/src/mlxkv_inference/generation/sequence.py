@@ -11,7 +11,7 @@ from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.reuse import covered_tokens
 from mlxkv_inference.generation.detokenizer import IncrementalDetokenizer
 from mlxkv_inference.generation.loop import TokenStep
-from mlxkv_inference.generation.results import FinishReason, ResumePoint, TextDelta
+from mlxkv_inference.generation.results import FinishReason, GenerationResult, ResumePoint, TextDelta
 
 
 class SequenceState:
@@ -78,3 +78,19 @@ class SequenceState:
     def fed_tokens(self) -> list[int]:
         """The tokens the caches hold now: the prompt and the generated tokens fed so far."""
         return (self.prompt + self.yielded)[: covered_tokens(self.caches)]
+
+    @property
+    def decoded(self) -> int:
+        """Tokens of the answer produced in this run (not replayed)."""
+        return len(self.tokens) - len(self.replayed)
+
+    def result(self, rates: tuple[float, float, float], drafted: int, accepted: int) -> GenerationResult:
+        """The result of the finished sequence: `rates` are its time to first token and prefill
+        and decode tokens a second; `drafted`/`accepted` its speculative rounds' drafts."""
+        ttft, prefill_tps, decode_tps = rates
+        return GenerationResult(
+            token_ids=tuple(self.tokens), text=self.detokenizer.text, finish_reason=self.finish_reason,
+            prompt_tokens=self.original_prompt, cached_tokens=self.cached_tokens, generated_tokens=len(self.tokens),
+            seed=self.seed, ttft_s=ttft, prefill_tps=prefill_tps, decode_tps=decode_tps,
+            draft_tokens=drafted, accepted_tokens=accepted,
+        )
