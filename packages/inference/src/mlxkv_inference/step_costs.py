@@ -16,7 +16,7 @@ class StepCosts:
         self._seconds: dict[int, float] = {}
         self._lock = threading.Lock()
         # seconds(rows) as worked out since the last measurement: every generation's draft length
-        # asks for each candidate length, twice a step: ~200 calls a step at eight rows.
+        # asks for each candidate length, twice a step.
         self._worked_out: dict[int, float | None] = {}
 
     def record(self, rows: int, seconds: float) -> None:
