@@ -20,10 +20,10 @@ import mlx.core as mx
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, Interrupt, MlxAutoregressiveBinding, evaluate_layers
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.reuse import covered_tokens
+from mlxkv_inference.cache.rounds import Round
 from mlxkv_inference.generation.constraint import GrammarConstraint
 from mlxkv_inference.generation.logits import LogitsProcessor
 from mlxkv_inference.generation.sampling import Sampler
-from mlxkv_inference.speculative.speculation import Round
 
 log = logging.getLogger(__name__)
 

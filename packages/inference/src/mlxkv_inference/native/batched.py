@@ -33,12 +33,7 @@ from mlxkv_inference.native.attention import NativeSequence, attend_rows, native
 from mlxkv_inference.native.layer import fused_forward
 
 # Layers built between two `async_eval`s of the step's hidden state: the first layers' kernels run
-# while Python builds the rest. With a layer in ~11 nodes (~550 a step at 8 rows) it also kept MLX
-# (0.32: at most ~100 CPU dispatches in flight an eval) from blocking the Python that builds the
-# step (a /tmp same-process A/B of pipelined 8-row steps: 0.92x the step time). With one node a
-# layer (native/layer.py) the step is ~40 nodes and the overlap is what is left (/tmp A/B
-# of 1, 4 and 8 sequences' steps at 300 positions, medians: every 4 layers 10.2, 17.3, 28.5 ms;
-# every 8 9.7, 17.0, 28.5; never 11.0, 17.4, 29.8; every 2 10.1, 17.0, 29.0). Same values either way.
+# while Python builds the rest, and MLX never blocks that Python on its dispatch limit. Same values either way.
 LAYERS_PER_DISPATCH = 4
 
 

@@ -7,12 +7,11 @@ machine: one more row costs a lone sequence more than it costs a step already ru
 plus, for a draft model, the measured time of drafting k tokens (not of its reading a whole
 prompt before its first drafts, once a prompt). In a step shared by n generations the step's
 tokens count, not this one's: its drafts make every row wait, so the gain is
-(n - 1 + E(k)) / (n * cost) (E(k) / cost alone); eight generations drafting at the 40-70%
-acceptance of chat answers each judged their own tokens and together slowed a batch by 15-20%.
+(n - 1 + E(k)) / (n * cost) (E(k) / cost alone): generations judging their own tokens alone
+together slow a batch.
 A step where no generation drafts may be pipelined (`BatchScheduler`: the next step is built while
 this one runs), and one draft anywhere forgoes that for every row: asked about such a step
-(`pipelining`), a generation counts that loss too (eight generations drafting at chat's acceptance
-made a batch 4-9% slower than not speculating before they did).
+(`pipelining`), a generation counts that loss too.
 In a copy (prompt lookup's match runs `COPY_RUN` tokens back, n-gram and aligned tokens before
 it) every draft counts as accepted, with no margin: the rate, an average over the sequence's
 rounds, does not see that a copy goes on until its edit point. Where no k beats a plain step,
@@ -28,19 +27,17 @@ import time
 from collections.abc import Sequence
 
 from mlxkv_inference.speculative.proposers import DraftModel, Proposer, PromptLookup
-from mlxkv_inference.speculative.speculation import SpeculativeParams, StepCosts
+from mlxkv_inference.speculative.speculation import SpeculativeParams
+from mlxkv_inference.step_costs import StepCosts
 
 DECAY = 0.9  # weight of earlier rounds in the acceptance estimate
 RETRY_EVERY = 16
 MAX_RETRY_EVERY = 256
 GAIN_MARGIN = 1.12  # a longer round must beat the best shorter one by this much (sampling and rollback are extra)
-# What pipelining gains a batched step (unpipelined over pipelined seconds: `tools.bench_batch`
-# measured 1.12-1.13x at eight rows on this 2-core machine).
+# What pipelining gains a batched step: unpipelined over pipelined seconds (see docs/benchmarks.md).
 PIPELINING_GAIN = 1.12
-# Matched tokens from which prompt lookup's drafts count as a copy in progress. Replayed as
-# `tools.bench_speculative` replays (one run's step costs, the plain answers of its two edit
-# requests and of nine other prompts): edits modelled 1.42x/2.21x -> 1.46x/2.38x at 16, each of
-# the nine the same or faster; at 9 or 12 some of the nine lost.
+# Matched tokens from which prompt lookup's drafts count as a copy in progress: chosen with
+# `tools.bench_speculative` (shorter runs made some non-copy answers slower).
 COPY_RUN = 16
 
 
