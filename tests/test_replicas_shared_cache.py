@@ -2,7 +2,8 @@
 shared tier, real Redis or real SeaweedFS (S3) on loopback.
 
 Turn 1 on A, turn 2 on B: B restores A's KV and answers exactly what one replica answers. Redis
-killed mid-request: served cold, no 5xx, /health "degraded", and back to "ok" once Redis returns.
+killed mid-request: served cold, no 5xx, /health "degraded", the flush reports the copies that
+failed (503), and back to "ok" once Redis returns.
 A killed (-9) mid-generation: the client's retry on B resumes from A's checkpoint, exactly.
 """
 
@@ -102,6 +103,7 @@ def test_embedded_redis_killed_mid_request_is_served_cold_then_recovers(redis_se
             redis_server.start()
         wait_until(lambda: httpx.get(b.url + "/health").json()["status"] == "ok", 60, "/health never recovered")
         assert stats(b)["remote_breaker_open"] == 0
+        flush(b)  # the failed copies were reported by the flush before; none failed since
     finally:
         b.stop()
 
@@ -122,6 +124,10 @@ def served_cold_with_redis_dead(b: ServerProcess, redis_server: RedisServer) -> 
     served = chat(b, history + [{"role": "assistant", "content": "We bake."}, {"role": "user", "content": TURN_2}])
     assert served["choices"][0]["message"]["content"]
     assert stats(b)["remote_failures"] >= 1
+    # the states are on B's SSD, not on the shared tier: the flush says so instead of answering 200
+    response = httpx.post(b.url + "/admin/cache/flush", timeout=120)
+    assert response.status_code == 503 and response.json()["error"]["code"] == "remote_writes_failed", response.text
+    assert stats(b)["remote_writes_failed"] >= 2  # turn 1 and turn 2
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.8, "seed": 1234}], ids=["greedy", "explicit-seed"])

@@ -1,10 +1,14 @@
 """Replicas sharing KV through Redis: time to the first token of turn 2 on replica B after turn 1
-ran on replica A (shared tier), against a cold replica and a same-replica SSD hit, at 1k and 4k
-prompt tokens; `find` latency with a mirrored index of many entries; the latency a request path
-call adds with the backend down once the breaker is open.
+ran on replica A (shared tier), against a cold replica and a same-replica SSD hit, at 1k, 4k and
+16k prompt tokens; `find` latency with a mirrored index of many entries (against the linear scan
+the index replaced); the latency a request path call adds with the backend down once the breaker
+is open.
 
-The embedded model's context is 8,192 tokens: 16k needs a model with a longer context.
-Run: `uv run python -m tools.bench_remote [--sizes 1024 4096]` (needs `redis-server`).
+The embedded model's context is 8,192 tokens: rows that do not fit run on the tiny random-weight
+64k-context model of tests/agent_model.py (`--model agent`: every row on it); each table says
+which model it used.
+Run: `uv run python -m tools.bench_remote [--sizes 1024 4096 16384] [--rows find ttft]` (needs
+`redis-server`).
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ from mlxkv.engine.remote_tier import RemoteColdTier
 from mlxkv_remote_cache import CircuitBreaker, EntryInfo, Manifest, RedisBackend, RemoteStore
 from mlxkv_ssd_cache import KvIdentity, SsdCacheStore
 from mlxkv_ssd_cache.layout import entry_id
+from tests.agent_model import AGENT_CONTEXT, write_agent_model
 from tests.remote_servers import RedisServer
 from tests.server_process import ServerProcess
 from tests.serving import free_port
 
 TURN_2_EXTRA = 32
+EMBEDDED_CONTEXT = 8192
 
 
 def prompt_of(size: int, salt: int) -> list[int]:
@@ -51,12 +57,13 @@ def stats(server: ServerProcess) -> dict[str, Any]:
     return found
 
 
-def ttft_rows(workdir: Path, redis: RedisServer, sizes: list[int]) -> None:
+def ttft_rows(workdir: Path, redis: RedisServer, sizes: list[int], model: list[str]) -> None:
+    """The rows of one model (`model`: the `mlxkv serve` arguments that pick it; none: embedded)."""
     for name in ("a", "b", "cold"):
-        (workdir / name).mkdir()
-    a = ServerProcess(workdir / "a" / "cache", "--remote-cache", redis.url)
-    b = ServerProcess(workdir / "b" / "cache", "--remote-cache", redis.url)
-    cold = ServerProcess(workdir / "cold" / "cache")
+        (workdir / name).mkdir(parents=True)
+    a = ServerProcess(workdir / "a" / "cache", "--remote-cache", redis.url, *model)
+    b = ServerProcess(workdir / "b" / "cache", "--remote-cache", redis.url, *model)
+    cold = ServerProcess(workdir / "cold" / "cache", *model)
     try:
         print(f"{'tokens':>7} {'cold s':>8} {'shared s':>9} {'ssd s':>7} {'cold/shared':>12} {'cold/ssd':>9} cached(shared, ssd)")
         for salt, size in enumerate(sizes):
@@ -72,10 +79,10 @@ def ttft_rows(workdir: Path, redis: RedisServer, sizes: list[int]) -> None:
             cold_s, _ = seconds_to_first_token(cold, turn_2)
             assert httpx.post(b.url + "/admin/cache/flush", timeout=300).status_code == 200
             b.stop()  # RAM gone, B's SSD (where the shared entry was kept) stays
-            b = ServerProcess(workdir / "b" / "cache")
+            b = ServerProcess(workdir / "b" / "cache", *model)
             ssd, ssd_cached = seconds_to_first_token(b, turn_2)
             b.stop()
-            b = ServerProcess(workdir / "b" / "cache", "--remote-cache", redis.url)
+            b = ServerProcess(workdir / "b" / "cache", "--remote-cache", redis.url, *model)
             print(f"{size:>7} {cold_s:>8.2f} {shared:>9.2f} {ssd:>7.2f} {cold_s / shared:>12.1f} {cold_s / ssd:>9.1f} "
                   f"({shared_cached}, {ssd_cached})")
     finally:
@@ -141,7 +148,9 @@ def _linear_longest(prompts: list[list[int]], probe: list[int]) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--model", choices=["auto", "agent"], default="auto",
+                        help="auto: the embedded model where the prompt fits its context, else the tiny agent model")
     parser.add_argument("--entries", type=int, default=10_000)
     parser.add_argument("--rows", choices=["find", "ttft"], nargs="+", default=["find", "ttft"])
     args = parser.parse_args()
@@ -154,7 +163,15 @@ def main() -> None:
             return
         redis = RedisServer(workdir)
         try:
-            ttft_rows(workdir, redis, args.sizes)
+            embedded = [n for n in args.sizes if n + TURN_2_EXTRA < EMBEDDED_CONTEXT and args.model == "auto"]
+            if embedded:
+                print(f"model: embedded SmolLM2-135M-Instruct Q4_1 (context {EMBEDDED_CONTEXT:,})")
+                ttft_rows(workdir / "embedded", redis, embedded, [])
+            agent = [n for n in args.sizes if n not in embedded]
+            if agent:
+                print(f"model: tests/agent_model.py (2 layers, hidden 64, random weights, context {AGENT_CONTEXT:,})")
+                directory = write_agent_model(workdir / "agent-model")
+                ttft_rows(workdir / "agent", redis, agent, ["--model", str(directory)])
         finally:
             redis.stop()
 

@@ -149,15 +149,17 @@ Event = Delta | Finished | Failed
 @dataclass(frozen=True, slots=True)
 class FlushResult:
     """A flush: `settled` when no write was pending any more; `written` and `failed` count the
-    writes finished since the previous flush."""
+    writes finished since the previous flush; `remote_failed` the copies to a shared cache tier
+    that failed since then (those states are on this replica's SSD only)."""
 
     settled: bool
     written: int
     failed: int
+    remote_failed: int = 0
 
     @property
     def durable(self) -> bool:
-        return self.settled and self.failed == 0
+        return self.settled and self.failed == 0 and self.remote_failed == 0
 
 
 class GenerationHandle(Protocol):

@@ -302,7 +302,9 @@ class LocalEngine:
 
     def flush(self, timeout: float) -> FlushResult:
         reports = [w.flush(timeout) for w in (self._checkpoints, self.tiers) if w is not None]
-        return FlushResult(all(r.settled for r in reports), sum(r.written for r in reports), sum(r.failed for r in reports))
+        remote_failed = self._remote.take_write_failures() if self._remote is not None else 0
+        return FlushResult(all(r.settled for r in reports), sum(r.written for r in reports), sum(r.failed for r in reports),
+                           remote_failed)
 
     def generation_state(self, generation_id: str) -> Mapping[str, object] | None:
         with self._lock:
