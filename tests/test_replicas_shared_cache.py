@@ -43,6 +43,13 @@ def flush(server: ServerProcess) -> None:
     assert response.status_code == 200, response.text
 
 
+def lookup(server: ServerProcess, messages: list[dict[str, str]]) -> dict[str, Any]:
+    response = httpx.post(server.url + "/v1/cache/lookup", json={"messages": messages}, timeout=60)
+    assert response.status_code == 200, response.text
+    found: dict[str, Any] = response.json()
+    return found
+
+
 def stats(server: ServerProcess) -> dict[str, Any]:
     found: dict[str, Any] = httpx.get(server.url + "/v1/cache/stats", timeout=10).json()
     return found
@@ -86,9 +93,13 @@ def test_embedded_turn_two_on_another_replica_reuses_turn_one(replicas: tuple[Se
     flush(a)
     wait_until(lambda: stats(b)["remote_index_entries"] >= 1, 30, "B never saw A's entry")
     history += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]}, {"role": "user", "content": TURN_2}]
+    before = lookup(b, history)  # what a router asks: B holds the prefix through the shared tier
     second = chat(b, history)
-    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0.95 * shared
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 0.95 * shared
     assert stats(b)["remote_hits"] == 1
+    assert (before["prompt_tokens"], before["cached_tokens"], before["tier"]) == (second["usage"]["prompt_tokens"], cached, "remote")
+    assert lookup(b, history)["tier"] == "ram" and lookup(b, [{"role": "user", "content": "Unrelated."}])["tier"] is None
     # one replica alone (A, whose own cache holds turn 1) answers the same
     assert chat(a, history)["choices"][0]["message"]["content"] == second["choices"][0]["message"]["content"]
 

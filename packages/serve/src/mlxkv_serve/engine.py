@@ -217,6 +217,24 @@ class ServeEngine(Protocol):
     def close(self, timeout: float) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class CachedPrefix:
+    """How much of a prompt an engine holds now: what a router needs to send it where it is hot."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    tier: str | None  # "ram", "ssd" or "remote" (a shared tier); None when nothing is held
+
+
+@runtime_checkable
+class PrefixLookup(Protocol):
+    """An engine that can say, from its indexes alone, how much of a prompt it holds."""
+
+    async def cached_prefix(self, request: GenerateRequest) -> CachedPrefix:
+        """Raises `ValueError` for a request `submit` would refuse before generating."""
+        ...
+
+
 @runtime_checkable
 class HealthReporting(Protocol):
     """An engine that can be up but degraded (a shared cache tier down: requests are served cold)."""

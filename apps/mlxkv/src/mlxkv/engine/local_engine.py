@@ -25,9 +25,11 @@ from mlxkv_inference.tokenizer.chat import encode_chat, template_takes_tools
 from mlxkv_serve import (
     Delta, Event, Failed, Finished, FlushResult, GenerateRequest, PromptTooLongError, QueueFullError, Speculation, TokenLogprob,
 )
+from mlxkv_serve.engine import CachedPrefix
 from mlxkv_ssd_cache import KvIdentity
 from mlxkv_state.header import GenerationCheckpoint
 
+from mlxkv.engine.cache_lookup import held_prefix
 from mlxkv.engine.checkpoints import CheckpointStore, CheckpointWriter, request_key
 from mlxkv.engine.remote_tier import RemoteStatus
 from mlxkv.engine.logprobs import LogprobTrail, render
@@ -246,6 +248,11 @@ class LocalEngine:
 
     async def count_tokens(self, request: GenerateRequest) -> int:
         return len((await asyncio.to_thread(self._encode, request, tool_use(request)))[0])
+
+    async def cached_prefix(self, request: GenerateRequest) -> CachedPrefix:
+        """What the prompt cache holds of `request`'s prompt (indexes only)."""
+        prompt = (await asyncio.to_thread(self._encode, request, tool_use(request)))[0]
+        return held_prefix(self.tiers, prompt)
 
     def queue_depth(self) -> int:
         return self._waiting()
