@@ -66,7 +66,7 @@ def ttft_rows(workdir: Path, redis: RedisServer, sizes: list[int], model: list[s
     cold = ServerProcess(workdir / "cold" / "cache", *model)
     try:
         print(f"{'tokens':>7} {'cold s':>8} {'shared s':>9} {'ssd s':>7} {'cold/shared':>12} {'cold/ssd':>9} "
-              "cached(shared, ssd) B's remote (hits, past deadline)")
+              "cached(shared, ssd) B's remote (hits, past deadline, misses, breaker opened) B saw A's entry after")
         for salt, size in enumerate(sizes):
             turn_1 = prompt_of(size, salt)
             turn_2 = turn_1 + prompt_of(TURN_2_EXTRA, salt + 100)
@@ -74,12 +74,15 @@ def ttft_rows(workdir: Path, redis: RedisServer, sizes: list[int], model: list[s
             assert httpx.post(a.url + "/admin/cache/flush", timeout=300).status_code == 200
             seen = stats(b)["remote_index_entries"]
             deadline = time.monotonic() + 30
+            waited = time.monotonic()
             while stats(b)["remote_index_entries"] <= seen and time.monotonic() < deadline:
                 time.sleep(0.05)
+            saw = f"{time.monotonic() - waited:.1f} s" if stats(b)["remote_index_entries"] > seen else "never (30 s)"
             before = stats(b)
             shared, shared_cached = seconds_to_first_token(b, turn_2)
             after = stats(b)
-            remote = tuple(after[k] - before[k] for k in ("remote_hits", "remote_deadline_misses"))
+            remote = tuple(after[k] - before[k] for k in ("remote_hits", "remote_deadline_misses", "remote_misses",
+                                                          "remote_breaker_opened"))
             cold_s, _ = seconds_to_first_token(cold, turn_2)
             assert httpx.post(b.url + "/admin/cache/flush", timeout=300).status_code == 200
             b.stop()  # RAM gone, B's SSD (where the shared entry was kept) stays
@@ -88,7 +91,7 @@ def ttft_rows(workdir: Path, redis: RedisServer, sizes: list[int], model: list[s
             b.stop()
             b = ServerProcess(workdir / "b" / "cache", "--remote-cache", redis.url, *model)
             print(f"{size:>7} {cold_s:>8.2f} {shared:>9.2f} {ssd:>7.2f} {cold_s / shared:>12.1f} {cold_s / ssd:>9.1f} "
-                  f"({shared_cached}, {ssd_cached}) {remote}")
+                  f"({shared_cached}, {ssd_cached}) {remote} {saw}")
     finally:
         for server in (a, b, cold):
             server.stop()
