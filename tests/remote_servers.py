@@ -43,11 +43,12 @@ def _wait_for_port(port: int, process: subprocess.Popen[bytes], log: Path, timeo
 
 
 class RedisServer:
-    """`redis-server` on a free loopback port, no persistence; `stop` and `start` again on the
-    same port (a backend that dies and comes back, empty)."""
+    """`redis-server` on a free loopback port, no persistence (`extra`: more options, e.g. a
+    memory limit); `stop` and `start` again on the same port (a backend that dies and comes back, empty)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *extra: str) -> None:
         self.binary = _binary("redis-server")
+        self.extra = extra
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.log = workdir / f"redis-{self.port}.log"
@@ -56,7 +57,7 @@ class RedisServer:
 
     def start(self) -> None:
         command = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                   "--daemonize", "no"]
+                   "--daemonize", "no", *self.extra]
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         _wait_for_port(self.port, self.process, self.log, 10)

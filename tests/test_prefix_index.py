@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from mlxkv_inference.cache.prefix_index import Indexed, PrefixIndex
+from mlxkv_inference.cache.reuse import supersedes, usable_prefix
 
 
 def entry(key: str, tokens: list[int], nbytes: int = 10, ns: str = "", trimmable: bool = True,
@@ -92,3 +98,99 @@ def test_eviction_removes_least_recently_used_first_and_never_the_kept_key() -> 
     assert keys(index.lru_order()) == ["e3"] and index.nbytes == 10
     assert keys(index.evict_to(0, keep="e3")) == []
     assert keys(index.evict_to(0)) == ["e3"] and index.nbytes == 0
+
+
+# -- the radix tree against the linear scan it replaced ------------------------------------------
+class LinearIndex:
+    """The reference: every rule of `PrefixIndex` as a scan over all entries."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, Indexed[str, str]] = {}
+        self.clock = 0
+
+    def longest(self, prompt: list[int], ns: str) -> tuple[str, int] | None:
+        best: tuple[Indexed[str, str], int] | None = None
+        for e in self.entries.values():
+            if e.ns != ns or not e.tokens:
+                continue
+            usable = usable_prefix(e.tokens, prompt, e.minimum_reusable_offset, e.trimmable)
+            if usable and (best is None or (usable, e.recency) > (best[1], best[0].recency)):
+                best = (e, usable)
+        return None if best is None else (best[0].key, best[1])
+
+    def add(self, e: Indexed[str, str]) -> set[str]:
+        self.entries.pop(e.key, None)
+        self.clock += 1
+        e.recency = self.clock
+        self.entries[e.key] = e
+        gone = {old.key for old in self.entries.values() if old.ns == e.ns and old.tokens and e.tokens
+                and supersedes(e.tokens, e.trimmable, e.minimum_reusable_offset, old.tokens)}
+        for key in gone:
+            del self.entries[key]
+        return gone
+
+    def touch(self, key: str) -> None:
+        if key in self.entries:
+            self.clock += 1
+            self.entries[key].recency = self.clock
+
+    def evict_to(self, budget: int) -> list[str]:
+        out = []
+        for e in sorted(self.entries.values(), key=lambda e: e.recency):
+            if sum(x.nbytes for x in self.entries.values()) <= budget:
+                break
+            del self.entries[e.key]
+            out.append(e.key)
+        return out
+
+
+_tokens = st.lists(st.integers(0, 2), max_size=6)
+_ops = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.integers(0, 5), _tokens, st.sampled_from(["", "x"]), st.booleans(), st.integers(0, 4)),
+    st.tuples(st.just("touch"), st.integers(0, 5)),
+    st.tuples(st.just("remove"), st.integers(0, 5)),
+    st.tuples(st.just("evict"), st.integers(0, 80)),
+    st.tuples(st.just("find"), _tokens, st.sampled_from(["", "x"])),
+), max_size=40)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(_ops)
+def test_lookups_supersedes_and_evictions_match_the_linear_scan(ops: list[tuple[Any, ...]]) -> None:
+    index: PrefixIndex[str, str] = PrefixIndex()
+    reference = LinearIndex()
+    probes = [[0, 1, 2, 0, 1, 2, 0, 1], [0, 0, 0, 0, 0, 0], [1, 2], [2, 2, 2, 1, 0], [0], []]
+    for op in ops:
+        if op[0] == "add":
+            _, k, tokens, ns, trimmable, minimum = op
+            superseded = {e.key for e in index.add(entry(f"k{k}", tokens, 10, ns, trimmable, minimum))}
+            assert superseded == reference.add(entry(f"k{k}", tokens, 10, ns, trimmable, minimum))
+        elif op[0] == "touch":
+            index.touch(f"k{op[1]}")
+            reference.touch(f"k{op[1]}")
+        elif op[0] == "remove":
+            index.remove(f"k{op[1]}")
+            reference.entries.pop(f"k{op[1]}", None)
+        elif op[0] == "evict":
+            assert keys(index.evict_to(op[1])) == reference.evict_to(op[1])
+        else:
+            probes.append(op[1])
+        assert sorted(e.key for e in index.lru_order()) == sorted(reference.entries)
+        for prompt in probes:
+            for ns in ("", "x"):
+                found = index.longest(prompt, ns)
+                assert (None if found is None else (found[0].key, found[1])) == reference.longest(prompt, ns)
+
+
+def test_removing_the_newest_entry_of_a_branch_falls_back_to_the_next_newest() -> None:
+    index: PrefixIndex[str, str] = PrefixIndex()
+    for name, tokens in [("b", [0, 2]), ("c", [0, 0]), ("a", [0, 1])]:
+        index.add(entry(name, tokens))
+    found = index.longest([0, 1, 2], "")
+    assert found is not None and (found[0].key, found[1]) == ("a", 2)
+    index.remove("a")
+    found = index.longest([0, 1, 2], "")  # b and c share one token with the prompt; c is newer
+    assert found is not None and (found[0].key, found[1]) == ("c", 1)
+    index.touch("b")
+    found = index.longest([0, 1, 2], "")
+    assert found is not None and (found[0].key, found[1]) == ("b", 1)

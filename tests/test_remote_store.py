@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -188,6 +189,48 @@ def test_redis_keys_carry_a_ttl_refreshed_on_hits(redis_server: RedisServer) -> 
         client.expire(k, 5)
     assert store.get_entry(info) == DATA
     assert all(client.ttl(k) > 5 for k in keys)
+
+
+def test_redis_evicting_parts_under_memory_pressure_never_serves_a_partial_entry(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path, "--maxmemory-policy", "allkeys-lru", "--maxmemory-samples", "10")
+    try:
+        client = redis.Redis.from_url(server.url)
+        client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 900_000)
+        store = make_store(RedisBackend(server.url), fresh_identity(), part_bytes=10_000)
+        written: dict[str, bytes] = {}
+        # 40 entries of 30 kB (3 parts) into ~900 kB. NOTE: Redis's LRU clock ticks once a second, so in
+        # this sub-second run eviction picks among equals: some entries lose parts, some manifests, some nothing
+        for i in range(40):
+            name, data = f"{i:032x}", bytes([i]) * 30_000
+            assert store.put_entry("base", name, "", (i, 1, 2), data, 0, True)
+            written[name] = data
+        assert int(client.info("stats")["evicted_keys"]) > 0
+        outcomes = []
+        for name, data in written.items():
+            base = entry_prefix(store.identity_key, "base", name)
+            parts = [part_key(base, store.writer, i) for i in range(3)]
+            complete = client.exists(base + MANIFEST) == 1 and client.exists(*parts) == 3
+            info = store.entry_at(base + MANIFEST)
+            outcomes.append((info is not None, complete))
+            assert (store.get_entry(info) if info is not None else None) == (data if complete else None)
+        assert (True, False) in outcomes and (True, True) in outcomes  # a manifest without its parts: a miss
+    finally:
+        server.stop()
+
+
+def test_entry_older_than_its_ttl_is_a_miss_where_the_store_keeps_keys(backend: RemoteBackend) -> None:
+    identity = fresh_identity()
+    writer = make_store(backend, identity, ttl_s=60)
+    info = put(writer)
+    assert writer.save_checkpoint("ef" * 16, "", TOKENS, DATA)
+    later = RemoteStore(backend, identity, RemoteConfig(part_bytes=PART, ttl_s=60), clock=lambda: time.time() + 61)
+    if backend.expires_keys:  # Redis drops the keys itself (TTLs refreshed on hits): what is there is fresh
+        assert (later.get_entry(info), later.load_checkpoint("ef" * 16)) == (DATA, DATA)
+        assert [e.manifest.name for e in later.list_entries()] == [info.manifest.name] and later.stats().expired == 0
+    else:  # S3 keeps objects until a lifecycle rule removes them: the manifest's age decides
+        assert (later.get_entry(info), later.load_checkpoint("ef" * 16), later.list_entries()) == (None, None, [])
+        assert (later.stats().expired, later.stats().bad_objects) == (3, 0)
+    assert writer.get_entry(info) == DATA  # within its TTL
 
 
 def test_dead_backend_fails_fast_then_the_breaker_stops_asking(tmp_path: object) -> None:

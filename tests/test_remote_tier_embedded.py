@@ -36,6 +36,7 @@ def make_replica(embedded_native: MlxAutoregressiveBinding, redis_server: RedisS
     key = "test-" + tmp_path.name[-20:].replace("_", "")  # a fresh shared namespace per test
 
     def make(name: str, **options: object) -> RemoteColdTier:
+        options.setdefault("deadline_s", lambda num_tokens: 120.0)  # a loaded machine's slow read decides nothing here
         store = RemoteStore(RedisBackend(redis_server.url), key)
         tier = RemoteColdTier(open_cold_tier(embedded_native, tmp_path / name, 1 << 30), store, **options)  # type: ignore[arg-type]
         assert tier.mirror.ready.wait(10)

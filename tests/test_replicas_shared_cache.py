@@ -2,7 +2,8 @@
 shared tier, real Redis or real SeaweedFS (S3) on loopback.
 
 Turn 1 on A, turn 2 on B: B restores A's KV and answers exactly what one replica answers. Redis
-killed mid-request: served cold, no 5xx, /health "degraded", and back to "ok" once Redis returns.
+killed mid-request: served cold, no 5xx, /health "degraded", the flush reports the copies that
+failed (503), and back to "ok" once Redis returns.
 A killed (-9) mid-generation: the client's retry on B resumes from A's checkpoint, exactly.
 """
 
@@ -40,6 +41,13 @@ def chat(server: ServerProcess, messages: list[dict[str, str]]) -> dict[str, Any
 def flush(server: ServerProcess) -> None:
     response = httpx.post(server.url + "/admin/cache/flush", timeout=120)
     assert response.status_code == 200, response.text
+
+
+def lookup(server: ServerProcess, messages: list[dict[str, str]]) -> dict[str, Any]:
+    response = httpx.post(server.url + "/v1/cache/lookup", json={"messages": messages}, timeout=60)
+    assert response.status_code == 200, response.text
+    found: dict[str, Any] = response.json()
+    return found
 
 
 def stats(server: ServerProcess) -> dict[str, Any]:
@@ -85,9 +93,15 @@ def test_embedded_turn_two_on_another_replica_reuses_turn_one(replicas: tuple[Se
     flush(a)
     wait_until(lambda: stats(b)["remote_index_entries"] >= 1, 30, "B never saw A's entry")
     history += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]}, {"role": "user", "content": TURN_2}]
+    before = lookup(b, history)  # what a router asks: B holds the prefix through the shared tier
     second = chat(b, history)
-    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0.95 * shared
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 0.95 * shared
     assert stats(b)["remote_hits"] == 1
+    assert (before["prompt_tokens"], before["cached_tokens"], before["tier"]) == (second["usage"]["prompt_tokens"], cached, "remote")
+    assert lookup(b, history)["tier"] == "ram"
+    unrelated = httpx.post(b.url + "/v1/cache/lookup", json={"prompt": "Unrelated text, no chat template."}, timeout=60).json()
+    assert (unrelated["cached_tokens"], unrelated["tier"]) == (0, None)
     # one replica alone (A, whose own cache holds turn 1) answers the same
     assert chat(a, history)["choices"][0]["message"]["content"] == second["choices"][0]["message"]["content"]
 
@@ -102,6 +116,7 @@ def test_embedded_redis_killed_mid_request_is_served_cold_then_recovers(redis_se
             redis_server.start()
         wait_until(lambda: httpx.get(b.url + "/health").json()["status"] == "ok", 60, "/health never recovered")
         assert stats(b)["remote_breaker_open"] == 0
+        flush(b)  # the failed copies were reported by the flush before; none failed since
     finally:
         b.stop()
 
@@ -122,6 +137,10 @@ def served_cold_with_redis_dead(b: ServerProcess, redis_server: RedisServer) -> 
     served = chat(b, history + [{"role": "assistant", "content": "We bake."}, {"role": "user", "content": TURN_2}])
     assert served["choices"][0]["message"]["content"]
     assert stats(b)["remote_failures"] >= 1
+    # the states are on B's SSD, not on the shared tier: the flush says so instead of answering 200
+    response = httpx.post(b.url + "/admin/cache/flush", timeout=120)
+    assert response.status_code == 503 and response.json()["error"]["code"] == "remote_writes_failed", response.text
+    assert stats(b)["remote_writes_failed"] >= 2  # turn 1 and turn 2
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.8, "seed": 1234}], ids=["greedy", "explicit-seed"])

@@ -14,6 +14,8 @@ class RemoteBackend(Protocol):
     """A shared byte store (Redis/Valkey, S3)."""
 
     url: str  # where it is, without credentials (for logs)
+    expires_keys: bool  # True: the store drops a key `ttl_s` after its last write or hit (Redis);
+    # False: it keeps keys until deleted or a lifecycle rule removes them (S3), so readers check age
 
     def get(self, key: str, max_bytes: int, ttl_s: int) -> bytes | None:
         """The object, or None when absent; `RemoteObjectError` when it is larger than `max_bytes`

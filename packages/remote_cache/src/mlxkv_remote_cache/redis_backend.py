@@ -34,6 +34,8 @@ return redis.call('GET', KEYS[1])
 
 
 class RedisBackend:
+    expires_keys = True
+
     def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S) -> None:
         if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
             raise ValueError(f"{safe_url(url)!r} is not a redis://, rediss:// or unix:// URL")

@@ -2,8 +2,9 @@
 
 Endpoint, region and credentials come the way boto3 reads them (`AWS_ENDPOINT_URL`, `AWS_REGION`,
 `AWS_ACCESS_KEY_ID`, profiles, instance roles); `?endpoint=URL&region=R` in the URL overrides the
-first two. Retries are off and timeouts short on reads. S3 has no per-key TTL: give the bucket a
-lifecycle rule that expires old objects (a replica keeps no key alive by reading it).
+first two. Retries are off and timeouts short on reads. S3 has no per-key TTL: a manifest older
+than the TTL is a miss for every reader (`RemoteStore`), and a lifecycle rule on the bucket frees
+the space (docs/replicas.md); a replica keeps no key alive by reading it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ _TAKEN = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 
 
 class S3Backend:
+    expires_keys = False
+
     def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S) -> None:
         parts = urlsplit(url)
         if parts.scheme != "s3" or not parts.netloc:

@@ -2,7 +2,8 @@
 
     put:  parts under this writer's token (first writer wins per key), then the manifest (SET NX /
           If-None-Match: *): the commit point; a losing writer deletes its parts
-    get:  manifest (capped) -> checked -> every part (capped, digest) -> TTLs refreshed
+    get:  manifest (capped) -> checked -> every part (capped, digest) -> TTLs refreshed; on a store
+          whose keys do not expire (S3) a manifest written more than the TTL ago is a miss
     every backend call goes through the breaker: when it is open nothing is asked, and the call
     fails at once (a miss for reads, a write left out for writes)
 """
@@ -72,18 +73,21 @@ class RemoteStats:
     skipped: int  # calls not made: the breaker was open
     bad_objects: int  # objects read back that failed a check
     breaker_opened: int
+    expired: int = 0  # manifests read past their TTL on a store that keeps keys (S3): misses
 
 
 class RemoteStore:
     def __init__(self, backend: RemoteBackend, identity_key: str, config: RemoteConfig = RemoteConfig(),
-                 breaker: CircuitBreaker | None = None) -> None:
+                 breaker: CircuitBreaker | None = None, clock: Callable[[], float] = time.time) -> None:
         self.backend = backend
         self.identity_key = identity_key
         self.config = config
         self.breaker = breaker or CircuitBreaker()
         self.writer = secrets.token_hex(8)  # this process's parts and manifests carry it
+        self._clock = clock  # wall time: manifests carry their writer's `created_at`
         self._lock = threading.Lock()
-        self._counts = {"gets": 0, "get_bytes": 0, "puts": 0, "put_bytes": 0, "failures": 0, "skipped": 0, "bad_objects": 0}
+        self._counts = {"gets": 0, "get_bytes": 0, "puts": 0, "put_bytes": 0, "failures": 0, "skipped": 0, "bad_objects": 0,
+                        "expired": 0}
         self._get_seconds = 0.0
 
     @property
@@ -176,7 +180,7 @@ class RemoteStore:
             c = dict(self._counts)
             seconds = self._get_seconds
         return RemoteStats(c["gets"], c["get_bytes"], seconds, c["puts"], c["put_bytes"], c["failures"], c["skipped"],
-                           c["bad_objects"], self.breaker.opened)
+                           c["bad_objects"], self.breaker.opened, c["expired"])
 
     def healthy(self) -> bool:
         return self.breaker.state == "closed"
@@ -209,7 +213,7 @@ class RemoteStore:
         digests = tuple(xxhash.xxh3_128_hexdigest(view[at : at + step]) for at in range(0, len(data), step))
         key = self.config.hmac_key
         manifest = Manifest(kind, name, ns, tuple(tokens), minimum_reusable_offset, trimmable, len(data), sizes, digests,
-                            hashlib.sha256(data).hexdigest() if key else None, self.writer, time.time())
+                            hashlib.sha256(data).hexdigest() if key else None, self.writer, self._clock())
         return manifest.signed(key) if key else manifest
 
     def _put(self, base: str, manifest: Manifest, data: bytes, *, overwrite: bool) -> bool:
@@ -241,6 +245,9 @@ class RemoteStore:
             manifest = decode_manifest(data, self.config.max_entry_bytes, self.config.part_bytes)
             if self.config.hmac_key is not None and not manifest.signature_ok(self.config.hmac_key):
                 raise RemoteObjectError(f"{key}: missing or bad signature")
+            if not self.backend.expires_keys and self._clock() - manifest.created_at > self.config.ttl_s:
+                self._count("expired")  # stale, not bad: the bucket's lifecycle rule removes it
+                return None
             return manifest
         except RemoteObjectError as e:
             log.warning("remote manifest refused: %s", e)

@@ -33,8 +33,8 @@ async def cache_stats(request: Request) -> Response:
 
 
 async def cache_flush(request: Request) -> Response:
-    """200 once every cached prompt state is durable on the SSD; 503 when writes are still pending
-    or when any write failed since the previous flush (those states are not on the SSD)."""
+    """200 once every cached prompt state is durable on the SSD (and, with a shared tier, there
+    too); 503 when writes are still pending or when any write failed since the previous flush."""
     state: ServerState = request.app.state.mlxkv
     flushed = await asyncio.to_thread(state.engine.flush, state.config.flush_timeout_s)
     if flushed.failed:
@@ -42,6 +42,10 @@ async def cache_flush(request: Request) -> Response:
                                 "(see the server log; is the cache disk full?)", code="writes_failed")
     if not flushed.settled:
         raise RequestError(503, "the prompt cache is not durable yet (writes still pending); retry later")
+    if flushed.remote_failed:
+        raise RequestError(503, f"{flushed.remote_failed} writes to the shared cache tier failed since the previous "
+                                "flush (the states are on this replica's SSD only; see /health and the server log)",
+                           code="remote_writes_failed")
     return JSONResponse({"durable": True, "written": flushed.written, "failed": 0, **state.engine.cache_stats()})
 
 

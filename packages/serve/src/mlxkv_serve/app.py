@@ -13,7 +13,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mlxkv_serve import admin_routes, anthropic_routes, openai_routes, responses_routes
+from mlxkv_serve import admin_routes, anthropic_routes, cache_routes, openai_routes, responses_routes
 from mlxkv_serve.config import LOCAL_ORIGINS, ServeConfig
 from mlxkv_serve.engine import ServeEngine
 from mlxkv_serve.errors import ClientGone, RequestError, error_response
@@ -38,6 +38,7 @@ ROUTES = [
     Route("/health", admin_routes.health, methods=["GET"]),
     Route("/metrics", admin_routes.metrics, methods=["GET"]),
     Route("/v1/cache/stats", admin_routes.cache_stats, methods=["GET"]),
+    Route("/v1/cache/lookup", cache_routes.lookup, methods=["POST"]),
     Route("/admin/cache/flush", admin_routes.cache_flush, methods=["POST"]),
     Route("/v1/generations/{generation_id}", admin_routes.generation, methods=["GET"]),
 ]

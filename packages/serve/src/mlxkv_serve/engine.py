@@ -153,15 +153,17 @@ Event = Delta | Finished | Failed
 @dataclass(frozen=True, slots=True)
 class FlushResult:
     """A flush: `settled` when no write was pending any more; `written` and `failed` count the
-    writes finished since the previous flush."""
+    writes finished since the previous flush; `remote_failed` the copies to a shared cache tier
+    that failed since then (those states are on this replica's SSD only)."""
 
     settled: bool
     written: int
     failed: int
+    remote_failed: int = 0
 
     @property
     def durable(self) -> bool:
-        return self.settled and self.failed == 0
+        return self.settled and self.failed == 0 and self.remote_failed == 0
 
 
 class GenerationHandle(Protocol):
@@ -217,6 +219,24 @@ class ServeEngine(Protocol):
     def generation_state(self, generation_id: str) -> Mapping[str, object] | None: ...
 
     def close(self, timeout: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CachedPrefix:
+    """How much of a prompt an engine holds now: what a router needs to send it where it is hot."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    tier: str | None  # "ram", "ssd" or "remote" (a shared tier); None when nothing is held
+
+
+@runtime_checkable
+class PrefixLookup(Protocol):
+    """An engine that can say, from its indexes alone, how much of a prompt it holds."""
+
+    async def cached_prefix(self, request: GenerateRequest) -> CachedPrefix:
+        """Raises `ValueError` for a request `submit` would refuse before generating."""
+        ...
 
 
 @runtime_checkable

@@ -43,7 +43,9 @@ class CacheReport:
 
     def flush(self, timeout: float) -> FlushResult:
         reports = [w.flush(timeout) for w in (self._checkpoints, self._tiers) if w is not None]
-        return FlushResult(all(r.settled for r in reports), sum(r.written for r in reports), sum(r.failed for r in reports))
+        remote_failed = self._remote.take_write_failures() if self._remote is not None else 0
+        return FlushResult(all(r.settled for r in reports), sum(r.written for r in reports), sum(r.failed for r in reports),
+                           remote_failed)
 
     def close(self, timeout: float) -> None:
         """Let the writes behind finish (within `timeout` each) and stop their threads."""

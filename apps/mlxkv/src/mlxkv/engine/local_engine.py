@@ -23,6 +23,7 @@ from mlxkv_inference.prompt_cache import TieredPromptCache
 from mlxkv_inference.scheduler.admission import Admission
 from mlxkv_inference.scheduler.batch import DEFAULT_MAX_BATCH, BatchScheduler
 from mlxkv_serve import FlushResult, GenerateRequest, QueueFullError
+from mlxkv_serve.engine import CachedPrefix
 from mlxkv_ssd_cache import KvIdentity
 from mlxkv_state.header import GenerationCheckpoint
 
@@ -31,6 +32,7 @@ from mlxkv.engine.checkpoints import CheckpointStore, CheckpointWriter
 from mlxkv.engine.health import CacheReport
 from mlxkv.engine.jobs import GenerationStatus, Handle, Job, JobQueue, StatusBook
 from mlxkv.engine.preparation import RequestPreparer
+from mlxkv.engine.cache_lookup import held_prefix
 from mlxkv.engine.remote_tier import RemoteStatus
 from mlxkv.engine.worker import Checkpointing, Worker
 
@@ -136,6 +138,11 @@ class LocalEngine:
 
     async def count_tokens(self, request: GenerateRequest) -> int:
         return len((await asyncio.to_thread(self._preparer.encode, request, self._preparer.tools(request)))[0])
+
+    async def cached_prefix(self, request: GenerateRequest) -> CachedPrefix:
+        """What the prompt cache holds of `request`'s prompt (indexes only)."""
+        prompt = (await asyncio.to_thread(self._preparer.encode, request, self._preparer.tools(request)))[0]
+        return held_prefix(self.tiers, prompt)
 
     def queue_depth(self) -> int:
         return self._waiting()

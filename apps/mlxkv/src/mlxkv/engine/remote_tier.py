@@ -48,6 +48,10 @@ class RemoteStatus(Protocol):
 
     def remote_stats(self) -> Mapping[str, int | float]: ...
 
+    def take_write_failures(self) -> int:
+        """Remote writes that failed since the previous call (a flush reports them)."""
+        ...
+
 
 def restore_deadline_s(num_tokens: int) -> float:
     return RESTORE_BASE_S + num_tokens * RESTORE_S_PER_TOKEN
@@ -63,6 +67,7 @@ class RemoteColdTier:
         self._index: PrefixIndex[str, EntryInfo] = PrefixIndex()
         self._counts = dict.fromkeys(("hits", "misses", "deadline_misses", "bad_objects", "writes", "writes_failed",
                                       "checkpoint_hits"), 0)
+        self._unreported_failures = 0
         self._io = ThreadPoolExecutor(2, thread_name_prefix="mlxkv-remote-restore")
         self.mirror = IndexMirror(remote, self, poll_s=poll_s).start()
 
@@ -138,7 +143,7 @@ class RemoteColdTier:
             data = self.local.ssd.checkpoint_file(checkpoint.key).read_bytes()
             self.remote.save_checkpoint(checkpoint.key, checkpoint.cache_ns, tokens, data)
         except (OSError, RemoteCacheError, ValueError) as e:
-            self._count("writes_failed")
+            self._write_failed()
             log.info("checkpoint %s not shared: %s", checkpoint.key[:12], e)
         return True
 
@@ -179,8 +184,14 @@ class RemoteColdTier:
         out["remote_bad_objects"] += store.bad_objects
         out.update(remote_get_bytes=store.get_bytes, remote_get_seconds=store.get_seconds, remote_gets=store.gets,
                    remote_put_bytes=store.put_bytes, remote_failures=store.failures, remote_skipped=store.skipped,
-                   remote_breaker_open=int(not self.remote.healthy()), remote_breaker_opened=store.breaker_opened)
+                   remote_breaker_open=int(not self.remote.healthy()), remote_breaker_opened=store.breaker_opened,
+                   remote_expired=store.expired)
         return out
+
+    def take_write_failures(self) -> int:
+        with self._lock:
+            failed, self._unreported_failures = self._unreported_failures, 0
+        return failed
 
     def close(self) -> None:
         self.mirror.close()
@@ -229,7 +240,7 @@ class RemoteColdTier:
                                   header.trimmable)
             self._count("writes")
         except (OSError, RemoteCacheError, ValueError) as e:  # the local copy stands; the others prefill
-            self._count("writes_failed")
+            self._write_failed()
             log.info("prompt state of %d tokens not shared: %s", len(tokens), e)
 
     def _with_deadline(self, work: Callable[[], ColdRestored | None], seconds: float) -> Future[ColdRestored | None]:
@@ -260,6 +271,11 @@ class RemoteColdTier:
     def _count(self, name: str) -> None:
         with self._lock:
             self._counts[name] += 1
+
+    def _write_failed(self) -> None:
+        with self._lock:
+            self._counts["writes_failed"] += 1
+            self._unreported_failures += 1
 
 
 def _local(hit: ColdHit) -> ColdHit:

@@ -9,6 +9,8 @@
 NOTE: recency is a counter, not a clock: no two entries tie, so lookups and eviction order are
 reproducible. An entry without tokens (a stored object) is never found by prefix and never
 superseded; it only ages. Not thread-safe: each tier holds its own lock around its index.
+Lookups and supersedes go through a radix tree per namespace (_prefix_trie.py), so their cost
+follows the branch points on the prompt's path, not the number of entries.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from mlxkv_inference.cache.reuse import supersedes, usable_prefix
+from mlxkv_inference.cache._prefix_trie import PrefixTrie
+from mlxkv_inference.cache.reuse import supersedes
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -40,6 +43,7 @@ class Indexed(Generic[K, V]):
 class PrefixIndex(Generic[K, V]):
     def __init__(self) -> None:
         self._entries: dict[K, Indexed[K, V]] = {}
+        self._tries: dict[str, PrefixTrie[K, V]] = {}
         self._clock = 0
         self._nbytes = 0
 
@@ -59,23 +63,20 @@ class PrefixIndex(Generic[K, V]):
 
     def longest(self, prompt: Sequence[int], ns: str) -> tuple[Indexed[K, V], int] | None:
         """The entry of `ns` with the longest usable prefix of `prompt` and that prefix's length."""
-        best: tuple[Indexed[K, V], int] | None = None
-        for entry in self._entries.values():
-            if entry.ns != ns or not entry.tokens:
-                continue
-            usable = usable_prefix(entry.tokens, prompt, entry.minimum_reusable_offset, entry.trimmable)
-            if usable and (best is None or (usable, entry.recency) > (best[1], best[0].recency)):
-                best = (entry, usable)
-        return best
+        trie = self._tries.get(ns)
+        return None if trie is None else trie.longest(tuple(prompt))
 
     def touch(self, key: K) -> None:
         """Make `key` the most recently used entry (no-op when it is gone)."""
         entry = self._entries.get(key)
         if entry is not None:
             entry.recency = self._tick()
+            if entry.tokens:
+                self._tries[entry.ns].touch(entry)
 
     def add(self, entry: Indexed[K, V]) -> list[Indexed[K, V]]:
-        """Insert `entry` as the most recently used; returns the ancestors it superseded (removed).
+        """Insert `entry` as the most recently used; returns the ancestors it superseded (removed),
+        shortest first.
 
         An entry already under `entry.key` is replaced and not returned (the caller overwrote it).
         """
@@ -85,10 +86,11 @@ class PrefixIndex(Generic[K, V]):
         self._nbytes += entry.nbytes
         if not entry.tokens:
             return []
+        trie = self._tries.setdefault(entry.ns, PrefixTrie())
+        trie.add(entry)
         superseded = [
-            old for old in self._entries.values()
-            if old.ns == entry.ns and old.tokens
-            and supersedes(entry.tokens, entry.trimmable, entry.minimum_reusable_offset, old.tokens)
+            old for old in trie.strict_prefixes(entry)
+            if supersedes(entry.tokens, entry.trimmable, entry.minimum_reusable_offset, old.tokens)
         ]
         for old in superseded:
             self.remove(old.key)
@@ -98,6 +100,8 @@ class PrefixIndex(Generic[K, V]):
         entry = self._entries.pop(key, None)
         if entry is not None:
             self._nbytes -= entry.nbytes
+            if entry.tokens:
+                self._forget(entry)
         return entry
 
     def evict_to(self, budget: int, keep: K | None = None) -> list[Indexed[K, V]]:
@@ -110,6 +114,12 @@ class PrefixIndex(Generic[K, V]):
                 self.remove(entry.key)
                 evicted.append(entry)
         return evicted
+
+    def _forget(self, entry: Indexed[K, V]) -> None:
+        trie = self._tries[entry.ns]
+        trie.remove(entry)
+        if not trie:
+            del self._tries[entry.ns]
 
     def _tick(self) -> int:
         self._clock += 1

@@ -105,6 +105,11 @@ class TieredPromptCache:
         hit = self._cold.find(prompt, ns) if self._cold is not None else None
         return hit if hit is not None and hit.num_tokens > self._ram.usable_tokens(prompt, ns) else None
 
+    def held(self, prompt: Sequence[int], ns: str) -> tuple[int, ColdHit | None]:
+        """The longest usable prefix of `prompt` held (index lookups only), and the cold tier's hit
+        when it is the longer: (RAM's tokens, None) otherwise."""
+        return self._ram.usable_tokens(prompt, ns), self.cold_hit(prompt, ns)
+
     def read_cold(self, hit: ColdHit) -> Future[ColdRestored | None]:
         """Read `hit` on the cold tier's reader thread; hand the result to `fetch` as `read`."""
         assert self._cold is not None, "a cold hit comes from the cold tier"
