@@ -32,6 +32,11 @@ class AdaptedCaches(list[LayerCache]):
         self.bank = bank
 
 
+def namespace_of(caches: Sequence[LayerCache]) -> str:
+    """The cache namespace of KV computed in `caches` ("" for the base model's)."""
+    return caches.stack.ns if isinstance(caches, AdaptedCaches) else ""
+
+
 class AdapterBank:
     """Checks adapters against `model` (named `model_id` in errors) and applies them per row."""
 
