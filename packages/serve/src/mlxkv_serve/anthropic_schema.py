@@ -10,6 +10,7 @@ from mlxkv_serve.config import ServeConfig
 from mlxkv_serve import tool_fields
 from mlxkv_serve.engine import ChatMessage, GenerateRequest, Sampling, Tool, ToolChoice
 from mlxkv_serve.speculative_field import speculation
+from mlxkv_serve.adapter_fields import selection
 from mlxkv_serve.errors import RequestError
 from mlxkv_serve.fields import Fields
 
@@ -61,7 +62,8 @@ def parse_messages(body: Any, config: ServeConfig, *, counting: bool = False) ->
                            "a grammar or a regex here", "messages")
     generate = GenerateRequest(max_tokens=max_tokens, sampling=sampling, messages=tuple(messages), answer_start=answer_start,
                                stop=f.stop("stop_sequences", MAX_STOP), constraint=constraint, tools=tools,
-                               tool_choice=choice, tool_name=name, parallel_tool_calls=parallel, speculative=speculation(f.body))
+                               tool_choice=choice, tool_name=name, parallel_tool_calls=parallel, speculative=speculation(f.body),
+                               **selection(f.body))
     return MessagesRequest(generate, f.boolean("stream", False), think, dropped)
 
 

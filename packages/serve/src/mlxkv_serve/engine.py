@@ -99,6 +99,8 @@ class GenerateRequest:
     tool_name: str | None = None  # the one tool the answer must call (tool_choice naming a function)
     parallel_tool_calls: bool = True
     speculative: Speculation = field(default_factory=Speculation)
+    model: str | None = None  # the request's `model`: it may name adapters (`NAME`, `<model id>:NAME`)
+    adapters: tuple[str, ...] = ()  # mlx_lm.server's `adapters`: adapter names (or the paths they were loaded from)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +173,14 @@ class GenerationHandle(Protocol):
 
 class PromptTooLongError(ValueError):
     """The prompt leaves no room for an answer in the model's context."""
+
+
+class UnknownModelError(LookupError):
+    """The request names a model or adapter the server does not have (a 404); `param` is the field."""
+
+    def __init__(self, message: str, param: str = "model") -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class QueueFullError(Exception):

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
+from mlxkv_inference.adapters import AdapterStack
 from mlxkv_inference import GenerationParams, Grammar, MlxAutoregressiveBinding, SamplingParams, compile_grammar
 from mlxkv_inference.generation.cached_generation import CachedGenerator
 from mlxkv_inference.generation.generate import CheckpointState, Generation, ResumePoint, TextDelta
@@ -28,6 +29,7 @@ from mlxkv_serve import (
 from mlxkv_ssd_cache import KvIdentity
 from mlxkv_state.header import GenerationCheckpoint
 
+from mlxkv.engine.adapters import AdapterRegistry
 from mlxkv.engine.checkpoints import CheckpointStore, CheckpointWriter, request_key
 from mlxkv.engine.remote_tier import RemoteStatus
 from mlxkv.engine.logprobs import LogprobTrail, render
@@ -123,6 +125,7 @@ class _Job:
     chat: bool = False  # a templated chat: a reasoning model's think section is sent apart
     submitted: float = field(default_factory=time.perf_counter)
     trail: LogprobTrail | None = None  # the logprobs sent so far, when the request asked for them
+    adapters: AdapterStack = AdapterStack()  # what it runs under: their digests are its cache namespace
 
 
 @dataclass(slots=True)
@@ -180,6 +183,7 @@ class LocalEngine:
         self._checkpoint_every = checkpoint_every
         self.context_length = context_length or int(binding.config.get("max_position_embeddings") or 4096)
         self._generator = CachedGenerator(binding, tiers, draft)
+        self.adapters = AdapterRegistry(binding.adapters, binding.model_id)  # what requests may select
         self._think = think_tags(binding.tokenizer)  # None: the model does not think
         self._scheduler = BatchScheduler(binding, max_batch=max_batch, prefill_budget=base_params.prefill_chunk,
                                          prefill_step_s=prefill_step_s)
@@ -199,11 +203,13 @@ class LocalEngine:
         # Tokenizing (and compiling a grammar) runs off the event loop: a prompt of megabytes
         # takes seconds, which every other client's stream would wait for (the tokenizer lets
         # go of the GIL while it works).
-        prompt, history_end, params, key, tools = await asyncio.to_thread(self._prepare, request)
+        adapters = self.adapters.select(request.model, request.adapters)  # an unknown adapter is a 404 before any work
+        prompt, history_end, params, key, tools = await asyncio.to_thread(self._prepare, request, adapters.ns)
         self._check_room()  # other requests may have queued meanwhile
         handle = _Handle(uuid.uuid4().hex[:24], len(prompt), asyncio.get_running_loop())
         self._remember(GenerationStatus(handle.generation_id, time.time(), len(prompt)))
-        self._queue.put(_Job(handle, prompt, history_end, params, request.top_logprobs, key, tools, request.messages is not None))
+        self._queue.put(_Job(handle, prompt, history_end, params, request.top_logprobs, key, tools, request.messages is not None,
+                             adapters=adapters))
         return handle
 
     def _check_room(self) -> None:
@@ -212,7 +218,7 @@ class LocalEngine:
             raise QueueFullError(f"{waiting} requests are already waiting (the limit is {self.max_queue}); "
                                  "retry later", RETRY_AFTER_S)
 
-    def _prepare(self, request: GenerateRequest) -> tuple[list[int], int | None, GenerationParams, str, ToolUse]:
+    def _prepare(self, request: GenerateRequest, ns: str = "") -> tuple[list[int], int | None, GenerationParams, str, ToolUse]:
         """(prompt, its history's end, params, request key, tools): the request as the worker runs
         it; raises what `submit` documents for a bad one."""
         tools = tool_use(request)
@@ -233,7 +239,7 @@ class LocalEngine:
             compile_grammar(grammar, self.binding.tokenizer)  # a grammar that does not compile is the caller's 400
         params = replace(self.base_params, max_tokens=max_tokens, sampling=sampling, stop=request.stop, grammar=grammar,
                          speculative=self._speculation(request.speculative))
-        return prompt, history_end, params, request_key(self._identity, "", prompt, params, request.top_logprobs), tools
+        return prompt, history_end, params, request_key(self._identity, ns, prompt, params, request.top_logprobs), tools
 
     def _speculation(self, asked: Speculation) -> SpeculativeParams:
         """The request's `speculative` field over the server's defaults (a 400 when it asks for a
@@ -424,7 +430,7 @@ class LocalEngine:
         """Start reading the SSD prefix of a request's prompt, when one is longer than RAM's."""
         if self.tiers is None or job.handle.cancelled.is_set():
             return None
-        hit = self.tiers.cold_hit(job.prompt, "")
+        hit = self.tiers.cold_hit(job.prompt, job.adapters.ns)
         return self.tiers.read_cold(hit) if hit is not None else None
 
     def _admit(self, job: _Job, read: ColdRestored | None = None) -> _Active | None:
@@ -495,18 +501,18 @@ class LocalEngine:
                 job.trail = LogprobTrail(job.trail.top, (*checkpoint.generated_tokens, checkpoint.pending_token), checkpoint.logprobs)
             self._update(job, lambda s: s.resume(len(checkpoint.generated_tokens)))
             return self._generator.start(
-                job.prompt, replace(job.params, sampling=sampling),
+                job.prompt, replace(job.params, sampling=sampling), job.adapters,
                 resume=(restored.caches, ResumePoint(checkpoint.generated_tokens, checkpoint.pending_token, restored.draft)),
                 checkpoint_every=self._checkpoint_every, on_checkpoint=on_checkpoint,
             )
-        return self._generator.start(job.prompt, job.params, history_end=job.history_end, read=read,
+        return self._generator.start(job.prompt, job.params, job.adapters, history_end=job.history_end, read=read,
                                      checkpoint_every=self._checkpoint_every, on_checkpoint=on_checkpoint,
                                      on_prefill_progress=PrefillLog(f"generation {job.handle.generation_id}"))
 
     def _save_checkpoint(self, job: _Job, state: CheckpointState) -> None:
         assert self._checkpoints is not None
         checkpoint = GenerationCheckpoint(
-            cache_ns="", generated_tokens=state.generated, key=job.key, original_prompt_tokens=len(job.prompt),
+            cache_ns=job.adapters.ns, generated_tokens=state.generated, key=job.key, original_prompt_tokens=len(job.prompt),
             pending_token=state.pending, seed=state.seed, seed_was_explicit=job.params.sampling.seed is not None,
             logprobs=job.trail.for_checkpoint(state) if job.trail is not None else None,
         )
