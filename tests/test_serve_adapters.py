@@ -79,3 +79,11 @@ def test_a_bad_adapters_field_is_a_400(served: tuple[str, LocalEngine, Path]) ->
     url, _, alpha = served
     response = complete(url, "m", [3], {}, alpha)
     assert response.status_code == 400 and response.json()["error"]["param"] == "adapters"
+
+
+def test_models_lists_each_adapter_under_the_model(served: tuple[str, LocalEngine, Path]) -> None:
+    url, _, _ = served
+    listed = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
+    assert [m["id"] for m in listed] == ["tiny-llama", "tiny-llama:alpha", "tiny-llama:beta"]
+    assert httpx.get(f"{url}/v1/models/tiny-llama:beta", timeout=30).json()["id"] == "tiny-llama:beta"
+    assert httpx.get(f"{url}/v1/models/tiny-llama:gamma", timeout=30).status_code == 404

@@ -6,7 +6,7 @@ The server never sees model code: it hands a `GenerateRequest` to `ServeEngine.s
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -231,4 +231,13 @@ class HealthReporting(Protocol):
 
     def health(self) -> str:
         """"ok" or "degraded"."""
+        ...
+
+
+@runtime_checkable
+class AdapterServing(Protocol):
+    """An engine with adapters a request can select (`/v1/models` lists them as `<model id>:NAME`)."""
+
+    def adapter_names(self) -> Sequence[str]:
+        """The loaded adapters' names, sorted."""
         ...

@@ -275,6 +275,9 @@ class LocalEngine:
         self._update(job, GenerationStatus.cancel)
         job.handle.push(Finished("cancelled", None, len(job.prompt), 0, 0, 0, job.handle.generation_id, 0.0))
 
+    def adapter_names(self) -> list[str]:
+        return [named.name for named in self.adapters.listed()]
+
     def batch_size(self) -> int:
         return len(self._scheduler.running)
 
