@@ -127,19 +127,14 @@ def _plan(stacks: Sequence[AdapterStack | None], lengths: Sequence[int]) -> RowP
         only = stacks[0]
         assert only is not None
         return RowPlan((RowGroup(None, only.adapters),))
-    rows: dict[str, list[int]] = {}
+    rows: dict[str, list[bool]] = {}
     by_ns: dict[str, AdapterStack] = {}
+    total = sum(lengths)
     start = 0
     for stack, length in zip(stacks, lengths, strict=True):
         if stack is not None:
-            rows.setdefault(stack.ns, []).extend(range(start, start + length))
+            mask = rows.setdefault(stack.ns, [False] * total)
+            mask[start : start + length] = [True] * length
             by_ns[stack.ns] = stack
         start += length
-    order = list(range(start))
-    at = start
-    for ns in rows:
-        for r in rows[ns]:
-            order[r] = at
-            at += 1
-    groups = tuple(RowGroup(mx.array(rows[ns]), by_ns[ns].adapters) for ns in rows)
-    return RowPlan(groups, mx.array(order))
+    return RowPlan(tuple(RowGroup(mx.array(mask).reshape(-1, 1, 1), by_ns[ns].adapters) for ns, mask in rows.items()))

@@ -5,9 +5,11 @@ mlx-lm's math, operation for operation (tuner/lora.py `LoRALinear`, tuner/dora.p
     LoRA:  out = y + (scale * ((x @ lora_a) @ lora_b))           y = the base layer's product
     DoRA:  out = (m / |W + scale * lora_b^T lora_a^T|_rows) * (x @ W^T + scale * (x @ lora_a) @ lora_b)  (+ bias)
 
-In a batched step the base product runs once for all rows; the rows of each adapter stack are
-gathered, get their delta (dense float32 products: row-invariant with the fixed-order BLAS shim,
-so a row gets the bits it gets alone), and are put back in place; other rows keep `y` untouched.
+In a batched step the base product runs once for all rows; each adapter stack's delta is computed
+over the step's rows (dense float32 products of rank r: row-invariant with the fixed-order BLAS
+shim, so a row gets the bits it gets alone) and selected into that stack's rows only; other rows
+keep `y` untouched. (Computing every stack over every row costs a few small products; gathering
+each stack's rows and scattering them back cost more graph nodes, which dominate on MLX's CPU.)
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from mlxkv_inference.adapters.files import Adapter, LowRank
 
 @dataclass(frozen=True, slots=True, eq=False)
 class RowGroup:
-    """Rows of a step (indices into its (R, 1, D) rows; None: every position of a lone
+    """Rows of a step (a (R, 1, 1) mask over its (R, 1, D) rows; None: every position of a lone
     sequence's (1, L, D) input) and the adapters they run under, in order."""
 
     rows: mx.array | None
@@ -33,11 +35,9 @@ class RowGroup:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class RowPlan:
-    """A step's adapted rows: the groups, and where each output row comes from in the base
-    product's rows followed by the groups' rows (None: a lone sequence, one group)."""
+    """A step's adapted rows, by adapter stack (one group with `rows` None: a lone sequence)."""
 
     groups: tuple[RowGroup, ...]
-    order: mx.array | None = None
 
 
 class AdaptedLinear(nn.Module):
@@ -58,14 +58,13 @@ class AdaptedLinear(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         y: mx.array = self.base(x)
-        plan: RowPlan = self.plan
-        if plan.order is None:
-            return self._adapt(x, y, plan.groups[0].adapters) if plan.groups else y
-        pieces = [y]
-        for group in plan.groups:
-            assert group.rows is not None
-            pieces.append(self._adapt(x[group.rows], y[group.rows], group.adapters))
-        return mx.concatenate(pieces)[plan.order]
+        out = y
+        for group in self.plan.groups:
+            if not any(self.path in adapter.layers for adapter in group.adapters):
+                continue
+            adapted = self._adapt(x, y, group.adapters)
+            out = adapted if group.rows is None else mx.where(group.rows, adapted, out)
+        return out
 
     def _adapt(self, x: mx.array, y: mx.array, adapters: Sequence[Adapter]) -> mx.array:
         out = y
