@@ -12,6 +12,7 @@ from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBindi
 from mlxkv_inference.adapters import AdapterStack, load_adapter
 from mlxkv_inference.native.batched import decode_batch
 from mlxkv_inference.scheduler.batch import BatchScheduler
+from mlxkv_inference.speculative.speculation import SpeculativeParams
 from tests.adapter_factories import adapted_caches, write_random_adapter, write_trained_adapter
 from tests.factories import greedy_token, make_prompt, make_tiny_binding
 
@@ -84,3 +85,14 @@ def test_an_adapter_for_another_model_is_refused_naming_both(native: MlxAutoregr
                                          r"model\.layers\.0\.mlp\.down_proj: lora_a \(128, 4\) and lora_b \(4, 32\) "
                                          r"do not fit a layer of 128 inputs and 64 outputs"):
         native.adapters.tag(native.make_cache(), AdapterStack((load_adapter(directory),)))
+
+
+def test_speculative_rounds_under_an_adapter_give_the_tokens_of_plain_decoding(
+        native: MlxAutoregressiveBinding, adapters: list[Path]) -> None:
+    prompt = make_prompt(6, seed=30) * 4  # repeats: prompt lookup finds drafts
+    plain = GenerationParams(max_tokens=20, ignore_eos=True)
+    spec = GenerationParams(max_tokens=20, ignore_eos=True,
+                            speculative=SpeculativeParams(mode="prompt_lookup", num_draft_tokens=4, adaptive=False))
+    expected = Generation(native, prompt, plain, caches=adapted_caches(native, adapters[0])).run()
+    rounds = Generation(native, prompt, spec, caches=adapted_caches(native, adapters[0])).run()
+    assert rounds.token_ids == expected.token_ids and rounds.draft_tokens > 0
