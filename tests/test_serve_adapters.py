@@ -87,3 +87,38 @@ def test_models_lists_each_adapter_under_the_model(served: tuple[str, LocalEngin
     assert [m["id"] for m in listed] == ["tiny-llama", "tiny-llama:alpha", "tiny-llama:beta"]
     assert httpx.get(f"{url}/v1/models/tiny-llama:beta", timeout=30).json()["id"] == "tiny-llama:beta"
     assert httpx.get(f"{url}/v1/models/tiny-llama:gamma", timeout=30).status_code == 404
+
+
+def test_clients_add_and_remove_adapters_only_under_the_allowed_directory(
+        served: tuple[str, LocalEngine, Path], tmp_path: Path) -> None:
+    url, engine, alpha = served
+    allowed = tmp_path / "allowed"
+    gamma = write_random_adapter(engine.binding, allowed / "gamma", seed=7)
+    outside = write_random_adapter(engine.binding, tmp_path / "outside", seed=8)
+    (allowed / "broken").mkdir()
+    (allowed / "broken" / "adapter_config.json").write_text('{"lora_parameters": {"scale": 2.0}}')
+    (allowed / "broken" / "adapters.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
+
+    def post(name: str, path: Path) -> httpx.Response:
+        return httpx.post(f"{url}/v1/adapters", json={"name": name, "path": str(path)}, timeout=60)
+
+    assert post("gamma", gamma).status_code == 403  # no --adapter-dir yet
+    engine.adapters.allowed_dirs = (allowed.resolve(),)
+    try:
+        assert post("outside", outside).status_code == 403
+        assert post("link", allowed / ".." / "outside").status_code == 403
+        broken = post("broken", allowed / "broken")
+        assert broken.status_code == 400 and "is not a readable safetensors file (the header is not JSON" in broken.json()["error"]["message"]
+        added = post("gamma", gamma)
+        assert added.status_code == 200 and added.json()["id"] == "tiny-llama:gamma"
+        assert post("gamma", gamma).status_code == 400  # the name is taken
+        answer = complete(url, "gamma", None, {}, alpha)
+        assert answer.status_code == 200
+        assert httpx.delete(f"{url}/v1/adapters/gamma", timeout=30).json()["deleted"] is True
+        assert complete(url, "tiny-llama:gamma", None, {}, alpha).status_code == 404
+        assert httpx.delete(f"{url}/v1/adapters/gamma", timeout=30).status_code == 404
+        assert post("gamma2", gamma).status_code == 200  # the same files again: the same digest, its KV
+        assert complete(url, "gamma2", None, {}, alpha).json()["choices"][0]["text"] == answer.json()["choices"][0]["text"]
+    finally:
+        engine.adapters.allowed_dirs = ()
+        engine.remove_adapter("gamma2")

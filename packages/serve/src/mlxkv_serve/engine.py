@@ -241,3 +241,17 @@ class AdapterServing(Protocol):
     def adapter_names(self) -> Sequence[str]:
         """The loaded adapters' names, sorted."""
         ...
+
+
+@runtime_checkable
+class AdapterManaging(Protocol):
+    """An engine whose adapters clients may add and remove (`POST /v1/adapters`, `DELETE /v1/adapters/{name}`)."""
+
+    async def add_adapter(self, name: str, path: str) -> Mapping[str, object]:
+        """Load the adapter at `path` as `name`; raises PermissionError for a path the operator
+        did not allow, ValueError for a bad name or adapter."""
+        ...
+
+    def remove_adapter(self, name: str) -> bool:
+        """Forget `name`; False when no adapter has it."""
+        ...

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlxkv_inference.adapters import Adapter, AdapterBank, AdapterStack, load_adapter
+from mlxkv_inference.errors import AdapterLoadError
 from mlxkv_serve import UnknownModelError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -48,6 +49,24 @@ class AdapterRegistry:
         self.model_id = model_id
         self._named: dict[str, Adapter] = {}
         self._lock = threading.Lock()
+        self.allowed_dirs: tuple[Path, ...] = ()  # where `POST /v1/adapters` may load from (`--adapter-dir`)
+
+    def add_allowed(self, name: str, path: str) -> NamedAdapter:
+        """`add` for a client (`POST /v1/adapters`): only under `allowed_dirs`.
+
+        Raises:
+            PermissionError: no directory is allowed, or `path` (symlinks resolved) is under none.
+            ValueError: a bad name, a taken one, unreadable files, an adapter of another model.
+        """
+        resolved = Path(path).expanduser().resolve()
+        if not any(resolved.is_relative_to(d) for d in self.allowed_dirs):
+            where = ", ".join(str(d) for d in self.allowed_dirs)
+            raise PermissionError(f"adapters load only from under {where}; {path!r} is not" if where else
+                                  "this server loads no adapters over HTTP (start it with --adapter-dir DIR)")
+        try:
+            return self.add(name, resolved)
+        except AdapterLoadError as e:
+            raise ValueError(str(e)) from e
 
     def add(self, name: str, path: Path) -> NamedAdapter:
         """Load the adapter directory `path` under `name` (replacing nothing: a taken name is a

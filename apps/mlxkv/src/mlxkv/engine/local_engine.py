@@ -278,6 +278,16 @@ class LocalEngine:
     def adapter_names(self) -> list[str]:
         return [named.name for named in self.adapters.listed()]
 
+    async def add_adapter(self, name: str, path: str) -> dict[str, object]:
+        # Read off the event loop; nothing is evaluated on this thread (see adapters.files.read_safetensors).
+        named = await asyncio.to_thread(self.adapters.add_allowed, name, path)
+        adapter = named.adapter
+        return {"id": f"{self.model_id}:{named.name}", "name": named.name, "path": str(adapter.path), "kind": adapter.kind,
+                "rank": adapter.rank, "layers": len(adapter.layers), "digest": adapter.digest}
+
+    def remove_adapter(self, name: str) -> bool:
+        return self.adapters.remove(name)
+
     def batch_size(self) -> int:
         return len(self._scheduler.running)
 

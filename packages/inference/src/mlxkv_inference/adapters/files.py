@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal, NewType
 
 import mlx.core as mx
+import numpy as np
 
 from mlxkv_inference.errors import AdapterLoadError
 
@@ -94,7 +95,7 @@ def load_adapter(path: str | Path) -> Adapter:
     digest.update(weights_bytes)
     base = config.get("model")
     return Adapter(AdapterDigest(digest.hexdigest()[:32]), directory.resolve(), kind, float(scale),
-                   base if isinstance(base, str) else "", _layers(directory, kind))
+                   base if isinstance(base, str) else "", _layers(directory, kind, weights_bytes))
 
 
 def _read(path: Path) -> bytes:
@@ -114,12 +115,12 @@ def _config(directory: Path, data: bytes) -> dict[str, object]:
     return config
 
 
-def _layers(directory: Path, kind: AdapterKind) -> dict[str, LowRank]:
+def _layers(directory: Path, kind: AdapterKind, data: bytes) -> dict[str, LowRank]:
     try:
-        tensors = mx.load(str(directory / WEIGHTS_FILE))
-    except (RuntimeError, ValueError, OSError) as e:
+        tensors = read_safetensors(data)
+    except ValueError as e:
         raise AdapterLoadError(f"adapter {directory}: {WEIGHTS_FILE} is not a readable safetensors file ({e})") from e
-    if not isinstance(tensors, dict) or not tensors:
+    if not tensors:
         raise AdapterLoadError(f"adapter {directory}: {WEIGHTS_FILE} holds no tensors")
     grouped: dict[str, dict[str, mx.array]] = {}
     for name, tensor in tensors.items():
@@ -137,5 +138,43 @@ def _layers(directory: Path, kind: AdapterKind) -> dict[str, LowRank]:
             raise AdapterLoadError(f"adapter {directory}: {module} lora_a {tuple(a.shape)} and lora_b {tuple(b.shape)} "
                                    "are not a low-rank pair")
         layers[module] = LowRank(a, b, leaves.get("m"))
-    mx.eval([w for pair in layers.values() for w in (pair.lora_a, pair.lora_b, pair.magnitude) if w is not None])
     return layers
+
+
+def read_safetensors(data: bytes) -> dict[str, mx.array]:
+    """The tensors of a safetensors file's bytes, copied into MLX arrays (nothing left to
+    evaluate: a server loads adapters off the thread that runs MLX's graphs).
+
+    Raises ValueError for anything malformed (short, bad header, offsets out of range, a dtype
+    other than F32, F16 or BF16)."""
+    if len(data) < 8:
+        raise ValueError(f"{len(data)} bytes, shorter than the 8-byte header length")
+    size = int.from_bytes(data[:8], "little")
+    if size > len(data) - 8:
+        raise ValueError(f"the header claims {size} bytes, the file has {len(data) - 8} after the length")
+    try:
+        header = json.loads(data[8 : 8 + size])
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"the header is not JSON ({e})") from e
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    body = memoryview(data)[8 + size :]
+    return {name: _tensor(name, entry, body) for name, entry in header.items() if name != "__metadata__"}
+
+
+_DTYPES = {"F32": (np.float32, None), "F16": (np.float16, None), "BF16": (np.uint16, mx.bfloat16)}
+
+
+def _tensor(name: str, entry: object, body: memoryview) -> mx.array:
+    if not isinstance(entry, dict) or entry.get("dtype") not in _DTYPES:
+        raise ValueError(f"{name}: dtype {entry.get('dtype') if isinstance(entry, dict) else entry!r} is not F32, F16 or BF16")
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
+            and isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+        raise ValueError(f"{name}: bad shape {shape!r} or data_offsets {offsets!r}")
+    numpy_type, view = _DTYPES[entry["dtype"]]
+    start, end = offsets
+    if not 0 <= start <= end <= len(body) or end - start != int(np.prod(shape)) * np.dtype(numpy_type).itemsize:
+        raise ValueError(f"{name}: data_offsets {offsets} do not hold shape {shape} in a {len(body)}-byte body")
+    array = mx.array(np.frombuffer(body[start:end], dtype=numpy_type).reshape(shape))
+    return array.view(view) if view is not None else array
