@@ -264,3 +264,11 @@ def train_adapter(model: nn.Module, sequences: list[list[int]], adapter_path: Pa
                         adapter_file=str(adapter_path / "adapters.safetensors"))
     dataset = [(list(tokens), 0) for tokens in sequences]
     train(model, optim.Adam(learning_rate=learning_rate), dataset, None, args=args)
+
+
+def apply_adapter(model: nn.Module, adapter_path: Path) -> nn.Module:
+    """mlx-lm's `load_adapters` (what `load(..., adapter_path=...)` runs on the model it loaded)."""
+    from mlx_lm.tuner.utils import load_adapters
+
+    adapted: nn.Module = load_adapters(model, str(adapter_path))
+    return adapted
