@@ -96,3 +96,21 @@ def test_speculative_rounds_under_an_adapter_give_the_tokens_of_plain_decoding(
     expected = Generation(native, prompt, plain, caches=adapted_caches(native, adapters[0])).run()
     rounds = Generation(native, prompt, spec, caches=adapted_caches(native, adapters[0])).run()
     assert rounds.token_ids == expected.token_ids and rounds.draft_tokens > 0
+
+
+def test_adapted_rows_batch_only_where_their_products_are_probed_row_invariant(
+        native: MlxAutoregressiveBinding, adapters: list[Path]) -> None:
+    sequences = [adapted_caches(native, adapters[1]), adapted_caches(native, adapters[0]), native.make_cache()]
+    assert native.adapters.rows_exact(sequences, 9)
+    assert native.can_decode_batch(sequences, 9)
+    assert native.adapters.rows_exact([native.make_cache()], 100)  # no adapter: nothing to probe
+
+
+def test_adapted_rows_whose_products_are_not_row_invariant_run_a_graph_per_row(
+        adapters: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlxkv_inference.adapters import bank
+
+    fresh = make_tiny_binding("llama", seed=4, native=True)
+    monkeypatch.setattr(bank, "_products_row_invariant", lambda shape, rows: False)  # as a BLAS choosing kernels by M
+    sequences = [adapted_caches(fresh, adapters[1]), fresh.make_cache()]
+    assert not fresh.can_decode_batch(sequences) and fresh.can_decode_batch([fresh.make_cache(), fresh.make_cache()])

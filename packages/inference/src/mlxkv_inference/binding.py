@@ -368,7 +368,7 @@ class MlxAutoregressiveBinding:
             self._invariant_rows = probed if batched.rows_invariant(self.model, probed, self._invariant_rows) else -1
             if self._invariant_rows < 0:
                 log.warning("a matmul kernel of this model is not row-invariant: batched decode runs a graph per row")
-        return rows <= self._invariant_rows
+        return rows <= self._invariant_rows and self.adapters.rows_exact(caches, rows)
 
     def decode_batch(self, tokens: mx.array, caches: Sequence[list[LayerCache]],
                      lengths: Sequence[int] | None = None, logits_of: Sequence[int] | None = None) -> mx.array:

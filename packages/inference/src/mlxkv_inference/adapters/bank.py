@@ -45,6 +45,7 @@ class AdapterBank:
         self._model_id = model_id
         self._wrappers: dict[str, AdaptedLinear] = {}
         self._named: dict[str, Any] | None = None  # the model's modules by path, read once (no swap in place)
+        self._exact_rows: dict[tuple[int, int, int], int] = {}  # (in, rank, out) -> rows probed row-invariant (-1: not)
 
     def check(self, adapter: Adapter) -> None:
         """Raises `AdapterMismatchError` (naming the adapter's base and this model) where a module
@@ -67,6 +68,20 @@ class AdapterBank:
     def adapted(self, caches: Sequence[LayerCache]) -> bool:
         """Whether forwards over `caches` run under adapters of this bank."""
         return self._stack(caches) is not None
+
+    def rows_exact(self, sequences: Sequence[Sequence[LayerCache]], rows: int) -> bool:
+        """Whether the adapters of `sequences` give each of up to `rows` rows of a step its bits
+        alone: their dense products, probed once per shape (row-invariant with the fixed-order
+        BLAS shim; a BLAS that picks kernels by M would not be, and the step then runs a graph per row)."""
+        shapes = {(int(low.lora_a.shape[0]), int(low.lora_a.shape[1]), int(low.lora_b.shape[1]))
+                  for stack in (self._stack(c) for c in sequences) if stack is not None
+                  for adapter in stack.adapters for low in adapter.layers.values()}
+        for shape in shapes:
+            probed = self._exact_rows.get(shape, 1)
+            if 0 <= probed < rows:
+                probed = max(rows, 2 * probed, 8)
+                self._exact_rows[shape] = probed if _products_row_invariant(shape, probed) else -1
+        return all(0 <= rows <= self._exact_rows.get(shape, rows) for shape in shapes)
 
     @contextmanager
     def applied(self, sequences: Sequence[Sequence[LayerCache]], lengths: Sequence[int]) -> Iterator[None]:
@@ -107,6 +122,16 @@ class AdapterBank:
             named: Any = self._model.named_modules()  # type: ignore[no-untyped-call]  # mlx leaves it untyped
             self._named = dict(named)
         return self._named
+
+
+def _products_row_invariant(shape: tuple[int, int, int], rows: int) -> bool:
+    """(x @ a) @ b for M = 1..`rows` rows: each row bitwise the row computed alone."""
+    inputs, rank, outputs = shape
+    keys = mx.random.split(mx.random.key(inputs * 31 + rank * 7 + outputs), 3)
+    x = mx.random.normal((rows, 1, inputs), key=keys[0])
+    a, b = mx.random.normal((inputs, rank), key=keys[1]), mx.random.normal((rank, outputs), key=keys[2])
+    alone = mx.concatenate([(x[r : r + 1] @ a) @ b for r in range(rows)])
+    return all(bool(mx.array_equal((x[:m] @ a) @ b, alone[:m]).item()) for m in range(2, rows + 1))
 
 
 def _misfit(dims: tuple[int, int] | None, low: LowRank) -> str | None:
