@@ -21,6 +21,7 @@ class Request:
     prompt: list[int]
     max_tokens: int = 10
     cancelled: bool = False
+    ns: str = ""
 
 
 def request(prompt_tokens: int, max_tokens: int = 10) -> Request:

@@ -88,3 +88,11 @@ def test_checkpoint_ttl_reaches_the_ssd_store(tmp_path: Path) -> None:
     _, cold = build_tiers(make_tiny_binding("llama"), ram_bytes=1 << 20, ssd_dir=tmp_path, ssd_bytes=1 << 30,
                           checkpoint_ttl_s=5400.0)
     assert cold is not None and cold.ssd.checkpoint_ttl_s == 5400.0
+
+
+def test_ls_shows_an_adapter_stack_namespace_by_its_digests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = SsdCacheStore(tmp_path, IDENTITY, 1 << 30)
+    assert store.store([5] * 9, make_plain_caches(9), ns="0123456789abcdef" * 2 + "+" + "fedcba9876543210" * 2)
+    assert main(["cache", "--cache-dir", str(tmp_path), "ls"]) == 0
+    (line,) = [row for row in capsys.readouterr().out.splitlines() if row.startswith("model-a")]
+    assert line.split()[1:4] == ["01234567+fedcba98", "prompt", "9"]

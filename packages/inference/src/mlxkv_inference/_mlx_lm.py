@@ -231,3 +231,46 @@ def attention(queries: mx.array, keys: Any, values: Any, cache: Any, scale: floa
 
     out: mx.array = scaled_dot_product_attention(queries, keys, values, cache=cache, scale=scale, mask=mask)
     return out
+
+
+def load_with_adapter(path: Path, adapter_path: Path) -> nn.Module:
+    """mlx-lm's own `load(path, adapter_path=...)`: the model with the adapter's LoRA/DoRA layers
+    (the oracle adapted generations are checked against)."""
+    from mlx_lm.utils import load
+
+    loaded: Any = load(str(path), adapter_path=str(adapter_path))
+    model: nn.Module = loaded[0]
+    return model
+
+
+def train_adapter(model: nn.Module, sequences: list[list[int]], adapter_path: Path, *, fine_tune_type: str = "lora",
+                  num_layers: int = 2, rank: int = 4, scale: float = 10.0, iters: int = 4,
+                  learning_rate: float = 1e-2, base_model: str = "") -> None:
+    """Train an adapter with mlx-lm's LoRA trainer (`mlx_lm.lora`'s machinery, in process) on
+    `sequences` of token ids, writing `adapter_path` as `mlx_lm.lora` does (config + weights).
+    `model` is changed (its linears become LoRA layers): pass a fresh copy."""
+    import mlx.optimizers as optim
+    from mlx_lm.tuner.trainer import TrainingArgs, train
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+    from mlx_lm.utils import save_config
+
+    parameters = {"rank": rank, "scale": scale, "dropout": 0.0}
+    model.freeze()
+    linear_to_lora_layers(model, num_layers, parameters, use_dora=fine_tune_type == "dora")
+    adapter_path.mkdir(parents=True, exist_ok=True)
+    save_config({"fine_tune_type": fine_tune_type, "num_layers": num_layers, "lora_parameters": parameters,
+                 "model": base_model, "iters": iters, "learning_rate": learning_rate},
+                adapter_path / "adapter_config.json")
+    args = TrainingArgs(batch_size=1, iters=iters, val_batches=0, steps_per_report=iters, steps_per_eval=iters + 1,
+                        steps_per_save=iters + 1, max_seq_length=512,
+                        adapter_file=str(adapter_path / "adapters.safetensors"))
+    dataset = [(list(tokens), 0) for tokens in sequences]
+    train(model, optim.Adam(learning_rate=learning_rate), dataset, None, args=args)
+
+
+def apply_adapter(model: nn.Module, adapter_path: Path) -> nn.Module:
+    """mlx-lm's `load_adapters` (what `load(..., adapter_path=...)` runs on the model it loaded)."""
+    from mlx_lm.tuner.utils import load_adapters
+
+    adapted: nn.Module = load_adapters(model, str(adapter_path))
+    return adapted

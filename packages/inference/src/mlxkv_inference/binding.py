@@ -15,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxkv_inference import _mlx_lm
+from mlxkv_inference.adapters.bank import AdapterBank
 from mlxkv_inference.cache.compiled import CompiledDecoder
 from mlxkv_inference.cache.factory import LayerCache, make_caches, maybe_quantize
 from mlxkv_inference.cache.kv import PlainKVCache
@@ -122,6 +123,7 @@ class MlxAutoregressiveBinding:
         self._compiled_positions: bool | None = None  # see `compiles_positions` (probed on first use)
         self.step_costs = StepCosts()  # what a forward of L positions costs here (speculation)
         self.prefix_of: MlxAutoregressiveBinding | None = None  # a layer-skip draft's target (models/draft.py)
+        self.adapters = AdapterBank(model, model_id)  # caches it tags run their rows under adapters
 
     def log_softmax(self, logits: mx.array) -> mx.array:
         """Log-probabilities over the last axis: on the native path the native kernel (MLX's
@@ -209,8 +211,8 @@ class MlxAutoregressiveBinding:
         """(L, vocab) logits of the compiled step over the L 1-D `tokens`; None when the caches
         cannot run it (empty, or several positions where `compiles_positions` is False or the
         caches are not all plain)."""
-        if tokens.size > 1 and not self.compiles_positions:
-            return None
+        if (tokens.size > 1 and not self.compiles_positions) or self.adapters.adapted(caches):
+            return None  # the compiled traces are the base model's
         logits = self._compiled.step(tokens, caches)
         if logits is not None:
             maybe_quantize(caches, self.kv_scheme)
@@ -366,20 +368,22 @@ class MlxAutoregressiveBinding:
             self._invariant_rows = probed if batched.rows_invariant(self.model, probed, self._invariant_rows) else -1
             if self._invariant_rows < 0:
                 log.warning("a matmul kernel of this model is not row-invariant: batched decode runs a graph per row")
-        return rows <= self._invariant_rows
+        return rows <= self._invariant_rows and self.adapters.rows_exact(caches, rows)
 
     def decode_batch(self, tokens: mx.array, caches: Sequence[list[LayerCache]],
                      lengths: Sequence[int] | None = None, logits_of: Sequence[int] | None = None) -> mx.array:
         """float32 logits: sequence i feeds its next `lengths[i]` of `tokens` (default one) into
         `caches[i]`; the logits of its last `logits_of[i]` rows (default all) follow the rows of
         the sequences before it (see `can_decode_batch`)."""
-        logits = batched.decode_batch(self.model, tokens, caches, lengths, logits_of)
+        with self.adapters.applied(caches, lengths if lengths is not None else [1] * len(caches)):
+            logits = batched.decode_batch(self.model, tokens, caches, lengths, logits_of)
         for row in caches:
             maybe_quantize(row, self.kv_scheme)
         return logits
 
     def _forward(self, tokens: mx.array, caches: list[LayerCache]) -> mx.array:
-        logits = _mlx_lm.forward(self.model, tokens, list(caches))
+        with self.adapters.applied([caches], [tokens.shape[1]]):
+            logits = _mlx_lm.forward(self.model, tokens, list(caches))
         for cache in caches:
             if isinstance(cache, RecurrentCache):
                 cache.count_tokens(tokens.shape[1])

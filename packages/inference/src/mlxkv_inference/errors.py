@@ -7,3 +7,11 @@ class ModelLoadError(RuntimeError):
 
 class UnsupportedModelError(ModelLoadError):
     """The model uses an architecture, tensor type or feature mlxkv does not support."""
+
+
+class AdapterLoadError(RuntimeError):
+    """An adapter directory could not be read: a missing or corrupt config or safetensors file."""
+
+
+class AdapterMismatchError(ValueError):
+    """An adapter does not fit the base model it is applied to (its modules or shapes differ)."""

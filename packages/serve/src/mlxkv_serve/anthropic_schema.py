@@ -10,6 +10,7 @@ from mlxkv_serve.config import ServeConfig
 from mlxkv_serve import tool_fields
 from mlxkv_serve.engine import ChatMessage, GenerateRequest, Sampling, Tool, ToolChoice
 from mlxkv_serve.speculative_field import speculation
+from mlxkv_serve.adapter_fields import selection
 from mlxkv_serve.errors import RequestError
 from mlxkv_serve.fields import Fields
 
@@ -63,7 +64,8 @@ def parse_messages(body: Any, config: ServeConfig, *, counting: bool = False) ->
                                stop=f.stop("stop_sequences", MAX_STOP), constraint=constraint, tools=tools,
                                tool_choice=choice, tool_name=name, parallel_tool_calls=parallel, speculative=speculation(f.body),
                                enable_thinking=None if think is None else think.kind != "disabled",
-                               thinking_budget=think.budget if think is not None else None)
+                               thinking_budget=think.budget if think is not None else None,
+                               **selection(f.body))
     return MessagesRequest(generate, f.boolean("stream", False), think, dropped)
 
 

@@ -13,7 +13,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mlxkv_serve import admin_routes, anthropic_routes, cache_routes, openai_routes, responses_routes
+from mlxkv_serve import adapter_routes, admin_routes, anthropic_routes, cache_routes, openai_routes, responses_routes
 from mlxkv_serve.config import LOCAL_ORIGINS, ServeConfig
 from mlxkv_serve.engine import ServeEngine
 from mlxkv_serve.errors import ClientGone, RequestError, error_response
@@ -35,6 +35,8 @@ ROUTES = [
     Route("/v1/responses/{response_id}", responses_routes.retrieve, methods=["GET"]),
     Route("/v1/responses/{response_id}", responses_routes.delete, methods=["DELETE"]),
     Route("/v1/messages/count_tokens", anthropic_routes.count_tokens, methods=["POST"]),
+    Route("/v1/adapters", adapter_routes.add, methods=["POST"]),
+    Route("/v1/adapters/{name}", adapter_routes.remove, methods=["DELETE"]),
     Route("/health", admin_routes.health, methods=["GET"]),
     Route("/metrics", admin_routes.metrics, methods=["GET"]),
     Route("/v1/cache/stats", admin_routes.cache_stats, methods=["GET"]),

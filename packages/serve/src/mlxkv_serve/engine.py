@@ -6,7 +6,7 @@ The server never sees model code: it hands a `GenerateRequest` to `ServeEngine.s
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -103,6 +103,8 @@ class GenerateRequest:
     # default); its think section is closed after `thinking_budget` tokens (None: no bound).
     enable_thinking: bool | None = None
     thinking_budget: int | None = None
+    model: str | None = None  # the request's `model`: it may name adapters (`NAME`, `<model id>:NAME`)
+    adapters: tuple[str, ...] = ()  # mlx_lm.server's `adapters`: adapter names (or the paths they were loaded from)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +181,14 @@ class PromptTooLongError(ValueError):
     """The prompt leaves no room for an answer in the model's context."""
 
 
+class UnknownModelError(LookupError):
+    """The request names a model or adapter the server does not have (a 404); `param` is the field."""
+
+    def __init__(self, message: str, param: str = "model") -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class QueueFullError(Exception):
     """The engine's request queue is full: the client should retry after `retry_after_s`."""
 
@@ -245,4 +255,27 @@ class HealthReporting(Protocol):
 
     def health(self) -> str:
         """"ok" or "degraded"."""
+        ...
+
+
+@runtime_checkable
+class AdapterServing(Protocol):
+    """An engine with adapters a request can select (`/v1/models` lists them as `<model id>:NAME`)."""
+
+    def adapter_names(self) -> Sequence[str]:
+        """The loaded adapters' names, sorted."""
+        ...
+
+
+@runtime_checkable
+class AdapterManaging(Protocol):
+    """An engine whose adapters clients may add and remove (`POST /v1/adapters`, `DELETE /v1/adapters/{name}`)."""
+
+    async def add_adapter(self, name: str, path: str) -> Mapping[str, object]:
+        """Load the adapter at `path` as `name`; raises PermissionError for a path the operator
+        did not allow, ValueError for a bad name or adapter."""
+        ...
+
+    def remove_adapter(self, name: str) -> bool:
+        """Forget `name`; False when no adapter has it."""
         ...

@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from mlxkv_serve.body import read_json
 from mlxkv_serve.engine import Delta, Failed, Finished, GenerationHandle, TokenLogprob
+from mlxkv_serve.engine import AdapterServing
 from mlxkv_serve.errors import RequestError, error_body
 from mlxkv_serve.openai_schema import OpenAiRequest, parse_chat, parse_completion
 from mlxkv_serve.state import ServerState
@@ -27,21 +28,29 @@ async def completions(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
-    return JSONResponse({"object": "list", "data": [_model(request.app.state.mlxkv)]})
+    state: ServerState = request.app.state.mlxkv
+    return JSONResponse({"object": "list", "data": [_model(state, name) for name in _served_ids(state)]})
 
 
 async def model(request: Request) -> Response:
     """The served model by its id (the OpenAI client's `models.retrieve`); any other id is a 404."""
     state: ServerState = request.app.state.mlxkv
     asked = request.path_params["model_id"]
-    if asked != state.engine.model_id:
+    if asked not in _served_ids(state):
         raise RequestError(404, f"the model '{asked}' does not exist; this server serves '{state.engine.model_id}'",
                            "model", "model_not_found")
-    return JSONResponse(_model(state))
+    return JSONResponse(_model(state, asked))
 
 
-def _model(state: ServerState) -> dict[str, object]:
-    return {"id": state.engine.model_id, "object": "model", "created": state.started, "owned_by": "mlxkv"}
+def _served_ids(state: ServerState) -> list[str]:
+    """The model, then each adapter as `<model id>:NAME` (a request may name it so, or by NAME)."""
+    engine = state.engine
+    names = engine.adapter_names() if isinstance(engine, AdapterServing) else ()
+    return [engine.model_id, *(f"{engine.model_id}:{name}" for name in names)]
+
+
+def _model(state: ServerState, model_id: str) -> dict[str, object]:
+    return {"id": model_id, "object": "model", "created": state.started, "owned_by": "mlxkv"}
 
 
 async def _complete(request: Request, *, chat: bool) -> Response:

@@ -11,6 +11,7 @@ from mlxkv_serve.config import ServeConfig
 from mlxkv_serve import tool_fields
 from mlxkv_serve.engine import ChatMessage, Constraint, GenerateRequest, Sampling, Tool, ToolCall, ToolChoice
 from mlxkv_serve.speculative_field import speculation
+from mlxkv_serve.adapter_fields import selection
 from mlxkv_serve.errors import RequestError
 from mlxkv_serve.fields import Fields
 from mlxkv_serve.unsupported import OPENAI, refuse_unsupported
@@ -114,7 +115,7 @@ def _request(f: Fields, config: ServeConfig, max_tokens: int | None, top: int | 
                                default_max_tokens=max_tokens is None, sampling=sampling, stop=f.stop("stop", MAX_STOP), top_logprobs=top,
                                constraint=constraint, tools=tools, tool_choice=choice, tool_name=name,
                                parallel_tool_calls=f.boolean("parallel_tool_calls", True),
-                               speculative=speculation(f.body), **prompt)
+                               speculative=speculation(f.body), **prompt, **selection(f.body))
     return OpenAiRequest(generate, f.boolean("stream", False), include_usage)
 
 

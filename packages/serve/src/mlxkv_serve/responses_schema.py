@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxkv_serve import tool_fields
+from mlxkv_serve.adapter_fields import selection
 from mlxkv_serve.config import ServeConfig
 from mlxkv_serve.engine import Constraint, GenerateRequest, Sampling, Tool, ToolChoice
 from mlxkv_serve.errors import RequestError
@@ -79,6 +80,7 @@ def parse_responses(body: Any, config: ServeConfig, history: Sequence[Item] = ()
         max_tokens=config.default_max_tokens if max_tokens is None else max_tokens, default_max_tokens=max_tokens is None,
         sampling=sampling, messages=messages([*history, *items], instructions, tools.namespaced), constraint=constraint,
         tools=tools.tools, tool_choice=choice, tool_name=forced, parallel_tool_calls=parallel, speculative=speculation(f.body),
+        **selection(f.body),
     )
     echo = {"instructions": instructions, "max_output_tokens": max_tokens, "metadata": _metadata(f.body.get("metadata")),
             "parallel_tool_calls": parallel, "temperature": sampling.temperature, "top_p": sampling.top_p,

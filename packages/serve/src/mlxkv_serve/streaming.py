@@ -10,7 +10,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from mlxkv_serve.engine import Delta, Failed, Finished, GenerateRequest, GenerationHandle, PromptTooLongError, QueueFullError, ServeEngine
+from mlxkv_serve.engine import Delta, Failed, Finished, GenerateRequest, GenerationHandle, PromptTooLongError, QueueFullError, ServeEngine, UnknownModelError
 from mlxkv_serve.errors import ClientGone, RequestError
 from mlxkv_serve.state import ServerState
 
@@ -21,6 +21,8 @@ DISCONNECT_POLL_S = 0.5
 async def submit(engine: ServeEngine, request: GenerateRequest) -> GenerationHandle:
     try:
         return await engine.submit(request)
+    except UnknownModelError as e:
+        raise RequestError(404, str(e), e.param, "model_not_found") from None
     except PromptTooLongError as e:
         raise RequestError(400, str(e), "messages" if request.messages is not None else "prompt", "context_length_exceeded") from None
     except ValueError as e:

@@ -43,16 +43,21 @@ def register(sub: Any) -> None:
 
 def run_ls(args: argparse.Namespace) -> int:
     entries = [summarize(p) for p in kv_files(args.cache_dir)]
-    print(f"{'model':32} {'ns':10} {'kind':10} {'tokens':>7} {'size':>10} {'last used':19}  file")
+    print(f"{'model':32} {'ns':17} {'kind':10} {'tokens':>7} {'size':>10} {'last used':19}  file")
     for e in entries:
         used = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.last_used))
         name = e.path.relative_to(args.cache_dir)
         note = f"  [{e.problem}]" if e.problem else ""
-        print(f"{e.model_id[:32]:32} {(e.ns or '-')[:10]:10} {_kind(e):10} {e.num_tokens:7d} {e.size:10d} {used}  {name}{note}")
+        print(f"{e.model_id[:32]:32} {short_namespace(e.ns):17} {_kind(e):10} {e.num_tokens:7d} {e.size:10d} {used}  {name}{note}")
     kinds = Counter(_kind(e) for e in entries)
     print(f"{len(entries)} entries ({kinds['prompt']} prompt, {kinds['checkpoint']} checkpoint, {kinds['object']} object), "
           f"{sum(e.size for e in entries)} bytes in {args.cache_dir}")
     return 0
+
+
+def short_namespace(ns: str) -> str:
+    """An adapter namespace as `ls` prints it: each adapter's digest cut to 8 characters ("-": the base model)."""
+    return "+".join(digest[:8] for digest in ns.split("+")) if ns else "-"
 
 
 def _kind(entry: EntrySummary) -> str:

@@ -13,6 +13,8 @@ from mlxkv_inference import Grammar, GenerationResult, compile_grammar, load_bin
 from mlxkv_inference.generation.cached_generation import CachedGenerator
 from mlxkv_inference.tokenizer.chat import encode_chat
 
+from mlxkv.commands.adapter_options import add_adapter_options, load_adapters
+from mlxkv.engine.adapters import AdapterRegistry
 from mlxkv.commands.options import (
     add_cache_options, add_model_options, add_sampling_options, add_speculative_options, cpu_kernels_from,
     generation_params_from, kv_scheme_from, prepare_speculation, runtime_line,
@@ -44,6 +46,7 @@ def register(sub: Any) -> None:
     add_sampling_options(parser, default_max_tokens=256)
     add_speculative_options(parser, server=False)
     add_cache_options(parser)
+    add_adapter_options(parser, server=False)
     parser.set_defaults(run=run)
 
 
@@ -53,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     progress.status(f"loading {args.model or 'the embedded model'} ...")
     binding = load_binding(args.model, kv_scheme_from(args), cpu_kernels_from(args), digest_memo=weights_digest_memo())
     draft = prepare_speculation(args, binding)
+    adapters = AdapterRegistry(binding.adapters, binding.model_id)
+    load_adapters(args, adapters)
     progress.clear()
     print(f"mlxkv generate: {runtime_line(binding)}", file=sys.stderr)
     tokenizer = binding.tokenizer
@@ -68,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         prompt, history_end = chat.tokens, chat.history_end
     tiers, _ = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max)
     generator = CachedGenerator(binding, tiers, draft)
-    generation = generator.start(prompt, params, history_end=history_end, on_prefill_progress=progress.prefill)
+    stack = adapters.select(None, [name for name, _ in args.adapter])
+    generation = generator.start(prompt, params, stack, history_end=history_end, on_prefill_progress=progress.prefill)
     try:
         for delta in generation:
             sys.stdout.write(delta.text)

@@ -22,6 +22,7 @@ from mlxkv_serve.config import loopback_hosts
 from mlxkv_remote_cache import safe_url
 from mlxkv_serve.responses_store import DiskResponseStore, MemoryResponseStore, ResponseStore
 
+from mlxkv.commands.adapter_options import add_adapter_options, load_adapters
 from mlxkv.commands.options import (
     add_cache_options, add_model_options, add_prefill_option, add_speculative_options, base_params_from, cpu_kernels_from,
     kv_scheme_from, prepare_speculation, runtime_info, speculative_params_from,
@@ -111,6 +112,7 @@ def register(sub: Any) -> None:
                          f"(default: {SERVE_PREFILL_STEP_MS:g})")
     add_speculative_options(parser, server=True)
     add_cache_options(parser)
+    add_adapter_options(parser, server=True)
     parser.set_defaults(run=run)
 
 
@@ -120,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
     binding = load_binding(args.model, kv_scheme_from(args), cpu_kernels_from(args), digest_memo=weights_digest_memo())
     runtime = runtime_info(binding)
     engine = build_engine(args, binding)
+    load_adapters(args, engine.adapters)
     config = ServeConfig(
         vocab_size=binding.tokenizer.vocab_size, default_max_tokens=args.max_tokens, default_temperature=args.temp,
         default_top_p=args.top_p, api_key=args.api_key, max_body_bytes=args.max_body_bytes,

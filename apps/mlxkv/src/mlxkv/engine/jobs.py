@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from mlxkv_inference.adapters import AdapterStack
 from mlxkv_inference import GenerationParams
 from mlxkv_inference.generation.generate import Generation
 from mlxkv_serve import Delta, Event
@@ -105,6 +106,11 @@ class Job:
     chat: bool = False  # a templated chat: a reasoning model's think section is sent apart
     submitted: float = field(default_factory=time.perf_counter)
     trail: LogprobTrail | None = None  # the logprobs sent so far, when the request asked for them
+    adapters: AdapterStack = AdapterStack()  # what it runs under: their digests are its cache namespace
+
+    @property
+    def ns(self) -> str:
+        return self.adapters.ns
 
     @property
     def max_tokens(self) -> int:

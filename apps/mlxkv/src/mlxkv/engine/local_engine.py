@@ -32,6 +32,7 @@ from mlxkv.engine.checkpoints import CheckpointStore, CheckpointWriter
 from mlxkv.engine.health import CacheReport
 from mlxkv.engine.jobs import GenerationStatus, Handle, Job, JobQueue, StatusBook
 from mlxkv.engine.preparation import RequestPreparer
+from mlxkv.engine.adapters import AdapterRegistry
 from mlxkv.engine.cache_lookup import held_prefix
 from mlxkv.engine.remote_tier import RemoteStatus
 from mlxkv.engine.worker import Checkpointing, Worker
@@ -96,6 +97,7 @@ class LocalEngine:
         self._statuses = StatusBook()
         self._jobs = JobQueue()
         identity = KvIdentity(binding.model_id, binding.tokenizer_hash, binding.config_fingerprint)
+        self.adapters = AdapterRegistry(binding.adapters, binding.model_id)  # what requests may select
         self._preparer = RequestPreparer(binding.tokenizer, identity, self.context_length, base_params, draft is not None)
         generator = CachedGenerator(binding, tiers, draft)
         self._answers = Answers(binding.tokenizer, self._statuses, generator, self._checkpoints)
@@ -127,13 +129,14 @@ class LocalEngine:
         # Tokenizing (and compiling a grammar) runs off the event loop: a prompt of megabytes
         # takes seconds, which every other client's stream would wait for (the tokenizer lets
         # go of the GIL while it works).
-        prepared = await asyncio.to_thread(self._preparer.prepare, request)
+        adapters = self.adapters.select(request.model, request.adapters)  # an unknown adapter is a 404 before any work
+        prepared = await asyncio.to_thread(self._preparer.prepare, request, adapters.ns)
         self._check_room()  # other requests may have queued meanwhile
         prompt = prepared.prompt
         handle = Handle(uuid.uuid4().hex[:24], len(prompt), asyncio.get_running_loop())
         self._statuses.remember(GenerationStatus(handle.generation_id, time.time(), len(prompt)))
         self._jobs.put(Job(handle, prompt, prepared.history_end, prepared.params, request.top_logprobs, prepared.key,
-                           prepared.tools, request.messages is not None))
+                           prepared.tools, request.messages is not None, adapters=adapters))
         return handle
 
     async def count_tokens(self, request: GenerateRequest) -> int:
@@ -143,6 +146,19 @@ class LocalEngine:
         """What the prompt cache holds of `request`'s prompt (indexes only)."""
         prompt = (await asyncio.to_thread(self._preparer.encode, request, self._preparer.tools(request)))[0]
         return held_prefix(self.tiers, prompt)
+
+    def adapter_names(self) -> list[str]:
+        return [named.name for named in self.adapters.listed()]
+
+    async def add_adapter(self, name: str, path: str) -> dict[str, object]:
+        # Read off the event loop; nothing is evaluated on this thread (see adapters.files.read_safetensors).
+        named = await asyncio.to_thread(self.adapters.add_allowed, name, path)
+        adapter = named.adapter
+        return {"id": f"{self.model_id}:{named.name}", "name": named.name, "path": str(adapter.path), "kind": adapter.kind,
+                "rank": adapter.rank, "layers": len(adapter.layers), "digest": adapter.digest}
+
+    def remove_adapter(self, name: str) -> bool:
+        return self.adapters.remove(name)
 
     def queue_depth(self) -> int:
         return self._waiting()
@@ -203,7 +219,7 @@ class LocalEngine:
         """Write `job`'s checkpoint behind (on the worker thread, at the generation's request)."""
         assert self._checkpoints is not None
         checkpoint = GenerationCheckpoint(
-            cache_ns="", generated_tokens=state.generated, key=job.key, original_prompt_tokens=len(job.prompt),
+            cache_ns=job.ns, generated_tokens=state.generated, key=job.key, original_prompt_tokens=len(job.prompt),
             pending_token=state.pending, seed=state.seed, seed_was_explicit=job.params.sampling.seed is not None,
             logprobs=job.trail.for_checkpoint(state) if job.trail is not None else None,
         )

@@ -44,7 +44,7 @@ class RequestPreparer:
     def tools(self, request: GenerateRequest) -> ToolUse:
         return tool_use(request, self._tool_format)
 
-    def prepare(self, request: GenerateRequest) -> Prepared:
+    def prepare(self, request: GenerateRequest, ns: str = "") -> Prepared:
         """The request as the worker runs it; raises what `submit` documents for a bad one."""
         tools = self.tools(request)
         prompt, history_end = self.encode(request, tools)
@@ -64,7 +64,7 @@ class RequestPreparer:
             compile_grammar(grammar, self._tokenizer)  # a grammar that does not compile is the caller's 400
         params = replace(self.base_params, max_tokens=max_tokens, sampling=sampling, stop=request.stop, grammar=grammar,
                          speculative=self._speculation(request.speculative))
-        return Prepared(prompt, history_end, params, request_key(self._identity, "", prompt, params, request.top_logprobs), tools)
+        return Prepared(prompt, history_end, params, request_key(self._identity, ns, prompt, params, request.top_logprobs), tools)
 
     def encode(self, request: GenerateRequest, tools: ToolUse) -> tuple[list[int], int | None]:
         """(prompt tokens, where the chat's history ends in them)."""

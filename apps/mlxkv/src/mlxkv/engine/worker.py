@@ -139,11 +139,11 @@ class Worker:
                 job.trail = LogprobTrail(job.trail.top, (*checkpoint.generated_tokens, checkpoint.pending_token), checkpoint.logprobs)
             self._statuses.update(job, lambda s: s.resume(len(checkpoint.generated_tokens)))
             return self._generator.start(
-                job.prompt, replace(job.params, sampling=sampling),
+                job.prompt, replace(job.params, sampling=sampling), job.adapters,
                 resume=(restored.caches, ResumePoint(checkpoint.generated_tokens, checkpoint.pending_token, restored.draft)),
                 checkpoint_every=every, on_checkpoint=on_checkpoint,
             )
-        return self._generator.start(job.prompt, job.params, history_end=job.history_end, read=read,
+        return self._generator.start(job.prompt, job.params, job.adapters, history_end=job.history_end, read=read,
                                      checkpoint_every=every, on_checkpoint=on_checkpoint,
                                      on_prefill_progress=PrefillLog(f"generation {job.handle.generation_id}"))
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from mlxkv_inference.adapters.bank import namespace_of
+from mlxkv_inference.adapters.files import AdapterStack
 from mlxkv_inference.binding import MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.reuse import all_trimmable
@@ -28,7 +30,7 @@ class CachedGenerator:
         self,
         prompt: Sequence[int],
         params: GenerationParams,
-        ns: str = "",
+        adapters: AdapterStack = AdapterStack(),
         *,
         history_end: int | None = None,
         resume: tuple[list[LayerCache], ResumePoint] | None = None,
@@ -45,15 +47,19 @@ class CachedGenerator:
 
         With `resume` (a checkpoint's caches and where it stood) the generation continues from
         there instead: nothing is fetched or prefilled. `read`: the cold tier's prefix of `prompt`,
-        read ahead off this thread (`TieredPromptCache.read_cold`).
+        read ahead off this thread (`TieredPromptCache.read_cold`, under the same adapters).
+
+        `adapters`: what the generation runs under; their namespace (`AdapterStack.ns`) is the only
+        one whose cached prefixes it reuses, and the one it publishes its states under.
         """
         if resume is not None:
-            return Generation(self.binding, prompt, params, caches=resume[0], resume=resume[1],
+            return Generation(self.binding, prompt, params, caches=self._tagged(resume[0], adapters), resume=resume[1],
                               checkpoint_every=checkpoint_every, on_checkpoint=on_checkpoint, draft=self.draft)
+        ns = adapters.ns
         fetched = self.tiers.fetch(prompt, ns, read) if self.tiers is not None else Fetched(None, 0, None)
         points = [len(prompt) - 1] + ([history_end] if history_end is not None else [])
         return Generation(
-            self.binding, prompt, params, caches=fetched.caches,
+            self.binding, prompt, params, caches=self._tagged(fetched.caches, adapters),
             snapshot_at=points if self.tiers is not None else (),
             on_snapshot=lambda tokens, caches: self._snapshot(tokens, caches, ns),
             checkpoint_every=checkpoint_every,
@@ -62,9 +68,15 @@ class CachedGenerator:
             draft=self.draft,
         )
 
-    def settle(self, generation: Generation, ns: str = "") -> None:
-        """Publish the state a finished (or stopped) generation left in its caches."""
-        self._publish(generation.fed_tokens(), generation.caches, ns)
+    def settle(self, generation: Generation) -> None:
+        """Publish the state a finished (or stopped) generation left in its caches (under the
+        namespace of the adapters they were computed with)."""
+        self._publish(generation.fed_tokens(), generation.caches, namespace_of(generation.caches))
+
+    def _tagged(self, caches: list[LayerCache] | None, adapters: AdapterStack) -> list[LayerCache] | None:
+        if not adapters.adapters:
+            return caches
+        return self.binding.adapters.tag(caches if caches is not None else self.binding.make_cache(), adapters)
 
     def _snapshot(self, tokens: Sequence[int], caches: Sequence[LayerCache], ns: str) -> None:
         # NOTE: trimmable caches skip it: the settled state, trimmed, serves the same prefixes,

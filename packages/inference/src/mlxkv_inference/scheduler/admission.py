@@ -36,6 +36,9 @@ class Waiting(Protocol):
     @property
     def cancelled(self) -> bool: ...
 
+    @property
+    def ns(self) -> str: ...  # the adapter namespace its cached prefix must carry
+
 
 R = TypeVar("R", bound=Waiting)
 
@@ -80,7 +83,7 @@ class Admission(Generic[R]):
         first (`ready` hands it back with the read)."""
         if self._tiers is None or request.cancelled:
             return True
-        hit = self._tiers.cold_hit(request.prompt, "")
+        hit = self._tiers.cold_hit(request.prompt, request.ns)
         if hit is None:
             return True
         self._reading.append((request, self._tiers.read_cold(hit)))
