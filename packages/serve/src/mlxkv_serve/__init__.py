@@ -7,10 +7,11 @@ from mlxkv_serve.engine import (
     ChatMessage, Constraint, Delta, Event, Failed, Finished, FlushResult, GenerateRequest, GenerationHandle, PromptTooLongError, QueueFullError, Sampling,
     ServeEngine, Speculation, TokenLogprob, Tool, ToolCall,
 )
+from mlxkv_serve.engine import ModelCatalog, ModelInfo, ModelUnavailableError, UnknownModelError
 from mlxkv_serve.errors import RequestError
 
 __all__ = [
     "ChatMessage", "Constraint", "Delta", "Event", "Failed", "Finished", "FlushResult", "GenerateRequest", "GenerationHandle", "PromptTooLongError",
     "QueueFullError", "RequestError", "Sampling", "ServeConfig", "ServeEngine", "Speculation", "TokenLogprob", "Tool", "ToolCall", "bounded_http_protocol",
-    "build_app",
+    "build_app", "ModelCatalog", "ModelInfo", "ModelUnavailableError", "UnknownModelError",
 ]

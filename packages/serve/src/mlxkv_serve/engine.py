@@ -99,6 +99,7 @@ class GenerateRequest:
     tool_name: str | None = None  # the one tool the answer must call (tool_choice naming a function)
     parallel_tool_calls: bool = True
     speculative: Speculation = field(default_factory=Speculation)
+    model: str | None = None  # the request's `model`: which model serves it, on a server with several
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +182,18 @@ class QueueFullError(Exception):
         self.retry_after_s = retry_after_s
 
 
+class UnknownModelError(LookupError):
+    """The request names a model this server does not serve (and there is no default)."""
+
+
+class ModelUnavailableError(Exception):
+    """The model cannot be loaded now (its load failed, or it does not fit the memory budget)."""
+
+    def __init__(self, message: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class ServeEngine(Protocol):
     @property
     def model_id(self) -> str: ...
@@ -221,4 +234,27 @@ class HealthReporting(Protocol):
 
     def health(self) -> str:
         """"ok" or "degraded"."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """A model a server with several serves, for /v1/models. `state`: "unloaded", "loading",
+    "loaded" or "failed" (`error` says why)."""
+
+    name: str
+    state: str
+    pinned: bool = False
+    error: str | None = None
+
+
+@runtime_checkable
+class ModelCatalog(Protocol):
+    """An engine serving several models, each request by its `model`."""
+
+    def models(self) -> tuple[ModelInfo, ...]: ...
+
+    def resolve(self, asked: str | None) -> str:
+        """The name of the model that serves a request asking for `asked`; raises
+        `UnknownModelError` when none does."""
         ...
