@@ -11,7 +11,7 @@ from mlxkv_inference.models.embedded import embedded_model_path
 from mlxkv.commands.options import cpu_kernels_from, kv_scheme_from
 from mlxkv.engine.cache_services import token_kv_bytes
 from mlxkv.engine.memory import MemoryBudget, default_memory_budget, weights_on_disk
-from mlxkv.engine.model_sources import is_hub_id, parse_model_specs, resolve_source
+from mlxkv.engine.model_sources import discover_cached, hub_offline, is_hub_id, parse_model_specs, resolve_source
 from mlxkv.engine.models import LoadedModel, ModelRouter, ModelSpec
 from mlxkv.paths import parse_size, weights_digest_memo
 
@@ -70,12 +70,15 @@ def build_router(args: argparse.Namespace, specs: list[ModelSpec]) -> ModelRoute
     per_model = argparse.Namespace(**{**vars(args), "prompt_cache_bytes": ram_share,
                                       "ssd_cache_max": args.ssd_cache_max // len(specs)})
 
+    # NOTE: read now: loading an mlx-lm directory sets HF_HUB_OFFLINE for mlx-lm's own lookups
+    offline = hub_offline()
+
     def estimate(spec: ModelSpec) -> int:
-        path = resolve_source(spec.source)
+        path = resolve_source(spec.source, offline=offline)
         return weights_on_disk(path if path is not None else embedded_model_path()) + ram_share
 
     def load(spec: ModelSpec) -> LoadedModel:
-        path = resolve_source(spec.source)
+        path = resolve_source(spec.source, offline=offline)
         hub = spec.source is not None and is_hub_id(spec.source)
         binding = load_binding(path, kv_scheme_from(args), cpu_kernels_from(args), digest_memo=weights_digest_memo(),
                                model_id=spec.source if hub else None)
@@ -84,4 +87,4 @@ def build_router(args: argparse.Namespace, specs: list[ModelSpec]) -> ModelRoute
                            binding.tokenizer.vocab_size, engine.close)
 
     return ModelRouter(specs, load, max_models=max_models, budget=memory_budget(args), estimate=estimate,
-                       default=args.default_model, pinned=tuple(args.pin), ttl_s=args.model_ttl)
+                       default=args.default_model, pinned=tuple(args.pin), ttl_s=args.model_ttl, discover=discover_cached)

@@ -78,18 +78,17 @@ def resolve_source(source: str | None, *, offline: bool | None = None, cache_dir
         return None
     if not is_hub_id(source):
         return Path(source).expanduser()
-    return hub_snapshot(source, offline=_offline() if offline is None else offline, cache_dir=cache_dir)
+    return hub_snapshot(source, offline=hub_offline() if offline is None else offline, cache_dir=cache_dir)
 
 
 def hub_snapshot(repo_id: str, *, offline: bool, cache_dir: Path | None = None) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
+    where = cache_dir or hub_cache_dir()
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=ALLOW_PATTERNS, local_files_only=offline,
-                                      cache_dir=str(cache_dir) if cache_dir is not None else None))
+        return Path(snapshot_download(repo_id, allow_patterns=ALLOW_PATTERNS, local_files_only=offline, cache_dir=str(where)))
     except LocalEntryNotFoundError:
-        where = cache_dir or _hub_cache()
         raise ModelLoadError(f"{repo_id!r} is not in the Hugging Face cache ({where})"
                              + (" and HF_HUB_OFFLINE is set: download it first (or unset HF_HUB_OFFLINE)" if offline
                                 else " and could not be downloaded")) from None
@@ -106,11 +105,23 @@ def hub_cached(repo_id: str, cache_dir: Path | None = None) -> bool:
     return True
 
 
-def _offline() -> bool:
+def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _hub_cache() -> str:
+def hub_cache_dir() -> Path:
+    """$HF_HUB_CACHE, else $HF_HOME/hub, else the hub's default, read now (not when
+    huggingface_hub was imported)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
     from huggingface_hub import constants
 
-    return str(constants.HF_HUB_CACHE)
+    return Path(constants.HF_HUB_CACHE)
+
+
+def discover_cached(name: str) -> ModelSpec | None:
+    """A request's `model` that is a Hugging Face id with a snapshot in the local hub cache, as a
+    model to serve (never downloads: a client must not make the server fetch gigabytes)."""
+    return ModelSpec(name, name) if is_hub_id(name) and hub_cached(name) else None

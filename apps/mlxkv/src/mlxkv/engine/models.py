@@ -79,8 +79,10 @@ class ModelRouter:
 
     def __init__(self, specs: list[ModelSpec], loader: Loader, *, max_models: int, budget: MemoryBudget,
                  estimate: Callable[[ModelSpec], int], default: str | None = None, pinned: tuple[str, ...] = (),
-                 ttl_s: float = 0.0, wait_s: float = DEFAULT_WAIT_S, clock: Callable[[], float] = time.monotonic) -> None:
-        """`estimate`: the bytes a model will hold once loaded (weights and RAM tier), before it loads."""
+                 ttl_s: float = 0.0, wait_s: float = DEFAULT_WAIT_S, clock: Callable[[], float] = time.monotonic,
+                 discover: Callable[[str], ModelSpec | None] | None = None) -> None:
+        """`estimate`: the bytes a model will hold once loaded (weights and RAM tier), before it
+        loads. `discover`: a model for a name not registered (a Hugging Face id in the hub cache)."""
         names = [s.name for s in specs]
         if len(specs) < 2 or len(set(names)) != len(names):
             raise ValueError(f"a router serves two or more models with distinct names, not {names}")
@@ -94,7 +96,7 @@ class ModelRouter:
         self._slots = {s.name: _Slot(s, s.name in pinned) for s in specs}
         self._loader, self._estimate, self._budget = loader, estimate, budget
         self.max_models, self.default, self.ttl_s, self.wait_s = max_models, default, ttl_s, wait_s
-        self._clock = clock
+        self._clock, self._discover = clock, discover
         self._lock = threading.RLock()
         self._loads = ThreadPoolExecutor(1, thread_name_prefix="mlxkv-model-load")
         self._stop = threading.Event()
@@ -110,6 +112,11 @@ class ModelRouter:
     def resolve(self, asked: str | None) -> str:
         if asked in self._slots:
             return asked
+        found = self._discover(asked) if asked and self._discover is not None else None
+        if found is not None:
+            with self._lock:
+                self._slots.setdefault(found.name, _Slot(found, False))
+            return found.name
         if self.default is not None:
             return self.default
         raise UnknownModelError(f"the model {asked!r} does not exist; this server serves "
