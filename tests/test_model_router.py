@@ -11,10 +11,12 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
+from mlxkv.engine.budgeted import BudgetedEngine
 from mlxkv.engine.local_engine import LocalEngine
 from mlxkv.engine.memory import MemoryBudget
 from mlxkv.engine.models import LoadedModel, ModelRouter, ModelSpec
 from mlxkv_serve import ModelCatalog, ServeConfig, ServeEngine, build_app
+from tests.bindings import GatedBinding
 from tests.factories import TINY_VOCAB, make_tiny_binding
 from tests.serving import running
 
@@ -100,3 +102,36 @@ def test_an_idle_model_unloads_after_its_ttl_and_loads_again_on_demand() -> None
     finally:
         router.close(30)
     assert (loads, again) == (["a", "a"], first)
+
+
+def test_one_models_requests_wait_for_kv_room_and_one_that_never_fits_is_a_400() -> None:
+    binding = make_tiny_binding("llama", binding_class=GatedBinding)
+    assert isinstance(binding, GatedBinding)
+    local = LocalEngine(binding, None)
+    # room for one request of 5 + 4 tokens at 1 KiB a token beside the 1 MiB model, not two
+    engine = BudgetedEngine(local, MemoryBudget((1 << 20) + 12 * 1024), resident=1 << 20, kv_per_token=1024,
+                            context_length=local.context_length)
+    results: list[httpx.Response] = []
+    try:
+        with running(build_app(engine, ServeConfig(vocab_size=TINY_VOCAB))) as url:
+            clients = [threading.Thread(target=lambda: results.append(complete(url, "x"))) for _ in range(2)]
+            for client in clients:
+                client.start()
+            deadline = time.monotonic() + WAIT_S
+            while local.batch_size() + local.queue_depth() != 1:  # the first is in, held at its prefill
+                assert time.monotonic() < deadline, "the first request never reached the engine"
+                time.sleep(0.01)
+            time.sleep(0.3)
+            assert (local.batch_size() + local.queue_depth(), len(results)) == (1, 0)  # the second waits outside
+            binding.gate.set()
+            for client in clients:
+                client.join(WAIT_S)
+            too_big = httpx.post(url + "/v1/completions", json={"prompt": "hello", "max_tokens": 100}, timeout=WAIT_S)
+    finally:
+        binding.gate.set()
+        engine.close(30)
+    assert [r.status_code for r in results] == [200, 200]
+    assert too_big.status_code == 400 and too_big.json()["error"]["message"] == (
+        "the request plans 0.1 MiB of KV (5 prompt + 100 answer tokens at 1024 bytes a token); with the model "
+        "'tiny-llama' (1.0 MiB) that passes the memory budget of 1.0 MiB (--memory-budget); ask for fewer max_tokens "
+        "or send a shorter prompt")

@@ -28,7 +28,8 @@ from mlxkv.commands.options import (
     kv_scheme_from, prepare_speculation, runtime_info, speculative_params_from,
 )
 from mlxkv.commands.serve_models import add_models_options, build_router, memory_budget, several_models
-from mlxkv.engine.cache_services import build_tiers
+from mlxkv.engine.budgeted import BudgetedEngine
+from mlxkv.engine.cache_services import build_tiers, token_kv_bytes
 from mlxkv.engine.memory import weights_on_disk
 from mlxkv.engine.model_sources import is_hub_id, resolve_source
 from mlxkv.engine.local_engine import DEFAULT_MAX_QUEUE, LocalEngine
@@ -170,7 +171,10 @@ def load_engine(args: argparse.Namespace) -> tuple[ServeEngine, int, dict[str, s
                                     args.prompt_cache_bytes)
     binding = load_binding(path, kv_scheme_from(args), cpu_kernels_from(args), digest_memo=weights_digest_memo(),
                            model_id=source if source and is_hub_id(source) else None)
-    return build_engine(args, binding), binding.tokenizer.vocab_size, runtime_info(binding)
+    engine = build_engine(args, binding)
+    budgeted = BudgetedEngine(engine, memory_budget(args), resident=weights_on_disk(path or embedded_model_path())
+                              + args.prompt_cache_bytes, kv_per_token=token_kv_bytes(binding), context_length=engine.context_length)
+    return budgeted, binding.tokenizer.vocab_size, runtime_info(binding)
 
 
 def check_args(args: argparse.Namespace) -> None:

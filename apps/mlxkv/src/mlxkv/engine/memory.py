@@ -8,11 +8,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxkv_serve import ModelUnavailableError
+from mlxkv_serve import GenerateRequest, ModelUnavailableError, ServeEngine
 
 # What the default leaves to the OS, other processes and what the budget does not count
 # (activations, the tokenizer, Python): a quarter of the machine.
 DEFAULT_SHARE = 0.75
+LIVE = ("queued", "running")  # a generation's status while its KV is planned
 
 
 class MemoryBudgetError(ValueError):
@@ -68,3 +69,18 @@ def weights_on_disk(path: Path) -> int:
 
 def _mb(n: int) -> str:
     return f"{n / (1 << 20):,.1f} MiB"
+
+
+async def plan_kv(budget: MemoryBudget, name: str, engine: ServeEngine, request: GenerateRequest, *, resident: int,
+                  kv_per_token: int, context_length: int, in_use: int) -> int:
+    """The KV bytes `request` plans for: prompt + max_tokens tokens, at most the context. When
+    the whole context fits beside `in_use` bytes, that bound is planned without tokenizing twice;
+    raises `MemoryBudgetError` when the request could never fit beside its model (`resident`)."""
+    upper = context_length * kv_per_token
+    if budget.fits(in_use + upper):
+        return upper
+    prompt = await engine.count_tokens(request)
+    tokens = min(context_length, prompt + request.max_tokens)
+    if not budget.fits(resident + tokens * kv_per_token):
+        raise MemoryBudgetError(budget.refuse_request(name, prompt, tokens - prompt, kv_per_token, resident))
+    return tokens * kv_per_token

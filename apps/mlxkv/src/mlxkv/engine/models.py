@@ -25,13 +25,12 @@ from mlxkv_serve import (
     FlushResult, GenerateRequest, GenerationHandle, ModelInfo, ModelUnavailableError, ServeEngine, UnknownModelError,
 )
 
-from mlxkv.engine.memory import MemoryBudget, MemoryBudgetError
+from mlxkv.engine.memory import LIVE, MemoryBudget, plan_kv
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05  # how often a load or a request waiting for room looks again
 DEFAULT_WAIT_S = 300.0  # the longest a load waits for a busy model to become idle before a 503
 CLOSE_TIMEOUT_S = 60.0
-LIVE = ("queued", "running")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +70,7 @@ class _Slot:
     error: str | None = None
     last_used: float = 0.0
     entering: int = 0  # requests between choosing this model and its engine holding them
+    entering_kv: int = 0  # the planned KV of those past the budget check
     planned: dict[str, int] = field(default_factory=dict)  # generation id -> planned KV bytes
 
 
@@ -142,7 +142,13 @@ class ModelRouter:
             _check_vocabulary(request, loaded.vocab_size)
             planned = await self._plan(slot, loaded, request)
             await self._room_for(slot, planned)
-            handle = await loaded.engine.submit(request)
+            with self._lock:
+                slot.entering_kv += planned  # held from the check on: no other request takes the same room
+            try:
+                handle = await loaded.engine.submit(request)
+            finally:
+                with self._lock:
+                    slot.entering_kv -= planned
             with self._lock:
                 slot.planned[handle.generation_id] = planned
             return handle
@@ -302,14 +308,9 @@ class ModelRouter:
 
     # -- memory -----------------------------------------------------------------------------
     async def _plan(self, slot: _Slot, loaded: LoadedModel, request: GenerateRequest) -> int:
-        """The KV bytes the request plans for: its prompt and answer, at most the context."""
-        prompt = await loaded.engine.count_tokens(request)
-        tokens = min(loaded.context_length, prompt + request.max_tokens)
-        planned = tokens * loaded.kv_bytes_per_token
-        if not self._budget.fits(loaded.resident_bytes + planned):
-            raise MemoryBudgetError(self._budget.refuse_request(slot.spec.name, prompt, tokens - prompt,
-                                                                loaded.kv_bytes_per_token, loaded.resident_bytes))
-        return planned
+        return await plan_kv(self._budget, slot.spec.name, loaded.engine, request, resident=loaded.resident_bytes,
+                             kv_per_token=loaded.kv_bytes_per_token, context_length=loaded.context_length,
+                             in_use=self._resident() + self._planned())
 
     async def _room_for(self, slot: _Slot, planned: int) -> None:
         """Wait until the request's KV fits beside the loaded models and the running requests'
@@ -333,7 +334,7 @@ class ModelRouter:
         with self._lock:
             for slot in self._slots.values():
                 self._prune(slot)
-            return sum(sum(s.planned.values()) for s in self._slots.values())
+            return sum(sum(s.planned.values()) + s.entering_kv for s in self._slots.values())
 
     def _prune(self, slot: _Slot) -> None:
         """Forget the planned KV of generations that ended."""
