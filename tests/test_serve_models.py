@@ -165,3 +165,9 @@ def test_a_request_whose_kv_could_never_fit_is_a_400_that_names_the_numbers(mode
 def test_bad_model_settings_stop_the_server_before_any_model_loads(flags: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load_engine(serve_args(*flags))
+
+
+def test_a_pinned_model_that_fails_to_load_stops_the_server_with_the_reason(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match=r"^pinned the model 'missing' failed to load: ModelLoadError: model path .* does not exist"):
+        load_engine(serve_args("--model", f"a={model_dirs['llama']}", "--model", f"missing={tmp_path / 'nothing.gguf'}",
+                               "--pin", "missing"))

@@ -162,7 +162,11 @@ def load_engine(args: argparse.Namespace) -> tuple[ServeEngine, int, dict[str, s
     specs = several_models(args)
     if specs is not None:
         router = build_router(args, specs)
-        router.load_pinned()
+        try:
+            router.load_pinned()
+        except RuntimeError:
+            router.close(SHUTDOWN_TIMEOUT_S)
+            raise
         # each model checks a request's token ids against its own vocabulary
         return router, 1 << 31, runtime_info(None, cpu_kernels_from(args))
     source = args.model[0] if args.model else None

@@ -130,7 +130,10 @@ class ModelRouter:
         """Load the pinned models now (start-up): they are never unloaded."""
         for slot in self._slots.values():
             if slot.pinned:
-                self._start_load(slot).result()
+                try:
+                    self._start_load(slot).result()
+                except ModelUnavailableError as e:
+                    raise RuntimeError(f"pinned {e}") from None
 
     # -- ServeEngine ------------------------------------------------------------------------
     async def submit(self, request: GenerateRequest) -> GenerationHandle:
@@ -298,7 +301,10 @@ class ModelRouter:
                            and s.loading is None and now - s.last_used >= self.ttl_s and self._idle(s)]
             for slot in expired:
                 log.info("model %s idle for %.0f s", slot.spec.name, now - slot.last_used)
-                self._loads.submit(self._unload_if_idle, slot)
+                try:
+                    self._loads.submit(self._unload_if_idle, slot)
+                except RuntimeError:  # closing: close() unloads it
+                    return
 
     def _unload_if_idle(self, slot: _Slot) -> None:
         with self._lock:
