@@ -17,7 +17,7 @@ from mlxkv.paths import parse_size, weights_digest_memo
 
 
 def add_models_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("several models (give --model more than once, or --models-dir)")
+    group = parser.add_argument_group("several models (give --model more than once, or --models-dir) and the memory budget")
     group.add_argument("--models-dir", type=Path, default=None, metavar="DIR",
                        help="serve every mlx-lm directory and .gguf file in DIR, each named by its directory or file name")
     group.add_argument("--default-model", default=None, metavar="NAME",
@@ -31,7 +31,7 @@ def add_models_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--model-ttl", type=float, default=0.0, metavar="SECONDS",
                        help="with several models: unload a model idle for SECONDS (default: 0, never)")
     group.add_argument("--memory-budget", type=parse_size, default=None, metavar="SIZE",
-                       help="memory the loaded models (weights and RAM prompt cache) and the running requests' KV (prompt + "
+                       help="memory the loaded model(s) (weights and RAM prompt cache) and the running requests' KV (prompt + "
                        "max_tokens each) may plan for together; a load over it unloads idle models or gets 503, a request "
                        "over it waits, or gets 400 when it could never fit (default: three quarters of RAM, here "
                        f"{default_memory_budget() >> 20} MiB)")
