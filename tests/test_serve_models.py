@@ -16,6 +16,8 @@ import pytest
 from mlxkv.cli import build_parser
 from mlxkv.commands.options import runtime_info
 from mlxkv.commands.serve import build_engine, load_engine
+from mlxkv.engine.model_sources import parse_model_specs
+from mlxkv.engine.models import ModelSpec
 from mlxkv_inference import MlxAutoregressiveBinding
 from mlxkv_serve import ServeConfig, ServeEngine, build_app
 from tests.factories import make_tiny_binding
@@ -171,3 +173,15 @@ def test_a_pinned_model_that_fails_to_load_stops_the_server_with_the_reason(mode
     with pytest.raises(RuntimeError, match=r"^pinned the model 'missing' failed to load: ModelLoadError: model path .* does not exist"):
         load_engine(serve_args("--model", f"a={model_dirs['llama']}", "--model", f"missing={tmp_path / 'nothing.gguf'}",
                                "--pin", "missing"))
+
+
+def test_model_values_and_a_models_dir_name_each_model(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    (tmp_path / "notes").mkdir()  # no config.json: not a model
+    gguf = tmp_path / "small.Q4_0.gguf"
+    gguf.write_bytes(b"GGUF")
+    specs = parse_model_specs([f"fast={model_dirs['llama']}", "embedded", "org/some-model-4bit"], tmp_path)
+    assert specs == [ModelSpec("fast", str(model_dirs["llama"])), ModelSpec(EMBEDDED, None),
+                     ModelSpec("org/some-model-4bit", "org/some-model-4bit"), ModelSpec("small.Q4_0", str(gguf))]
+    assert parse_model_specs([str(model_dirs["qwen"])], None) == [ModelSpec("tiny-qwen3", str(model_dirs["qwen"]))]
+    with pytest.raises(ValueError, match="holds no model"):
+        parse_model_specs([], tmp_path / "notes")
