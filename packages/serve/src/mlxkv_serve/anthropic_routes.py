@@ -15,44 +15,47 @@ from mlxkv_serve.body import read_json
 from mlxkv_serve.engine import Delta, Failed, Finished, GenerationHandle, ToolCall
 from mlxkv_serve.errors import RequestError, error_body
 from mlxkv_serve.state import ServerState
-from mlxkv_serve.streaming import collect, failure, guarded, sse, submit
+from mlxkv_serve.streaming import collect, failure, for_model, guarded, served_model, sse, submit
 
 
 async def messages(request: Request) -> Response:
     state: ServerState = request.app.state.mlxkv
-    parsed = parse_messages(await read_json(request, state.config.max_body_bytes), state.config)
+    body = await read_json(request, state.config.max_body_bytes)
+    parsed = parse_messages(body, state.config)
+    model = served_model(state, body)
     state.metrics.billing_headers.inc(parsed.billing_headers)
-    handle = await submit(state.engine, parsed.generate)
+    handle = await submit(state.engine, for_model(parsed.generate, model))
     headers = {"x-mlxkv-generation-id": handle.generation_id}
     if parsed.stream:
-        return StreamingResponse(guarded(request, state, handle, _stream(state, handle)), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(guarded(request, state, handle, _stream(state, model, handle)), media_type="text/event-stream", headers=headers)
     deltas, done = await collect(request, state, handle)
     text, reasoning = "".join(d.text for d in deltas), "".join(d.reasoning for d in deltas)
     blocks = ([{"type": "thinking", "thinking": reasoning, "signature": signature(reasoning)}] if reasoning else []) \
         + ([{"type": "text", "text": text}] if text or not done.tool_calls else []) + [_tool_use(c) for c in done.tool_calls]
-    body = _message(state, handle, blocks, done)
-    return JSONResponse(body, headers=headers)
+    return JSONResponse(_message(model, handle, blocks, done), headers=headers)
 
 
 async def count_tokens(request: Request) -> Response:
     """POST /v1/messages/count_tokens: the prompt tokens a generation of this request would report
     (`input_tokens` plus `cache_read_input_tokens`), by the same template and tokenizer."""
     state: ServerState = request.app.state.mlxkv
-    parsed = parse_messages(await read_json(request, state.config.max_body_bytes), state.config, counting=True)
+    body = await read_json(request, state.config.max_body_bytes)
+    parsed = parse_messages(body, state.config, counting=True)
+    model = served_model(state, body)
     try:
-        tokens = await state.engine.count_tokens(parsed.generate)
+        tokens = await state.engine.count_tokens(for_model(parsed.generate, model))
     except ValueError as e:
         raise RequestError(400, str(e)) from None
     return JSONResponse({"input_tokens": tokens})
 
 
-def _message(state: ServerState, handle: GenerationHandle, content: list[dict[str, Any]], done: Finished | None) -> dict[str, Any]:
+def _message(model: str, handle: GenerationHandle, content: list[dict[str, Any]], done: Finished | None) -> dict[str, Any]:
     return {
         "id": "msg_" + handle.generation_id,
         "type": "message",
         "role": "assistant",
         "content": content,
-        "model": state.engine.model_id,
+        "model": model,
         "stop_reason": _stop_reason(done) if done else None,
         "stop_sequence": done.stop_sequence if done else None,
         "usage": _usage(handle, done),
@@ -78,10 +81,10 @@ def _stop_reason(done: Finished) -> str:
     return "stop_sequence" if done.stop_sequence else "end_turn"
 
 
-async def _stream(state: ServerState, handle: GenerationHandle) -> AsyncIterator[str]:
+async def _stream(state: ServerState, model: str, handle: GenerationHandle) -> AsyncIterator[str]:
     """Blocks open as their content comes: thinking (a reasoning model's), then text (an answer of
     calls alone has none, as unstreamed), then the tool_use blocks."""
-    yield sse({"type": "message_start", "message": _message(state, handle, [], None)}, "message_start")
+    yield sse({"type": "message_start", "message": _message(model, handle, [], None)}, "message_start")
     yield sse({"type": "ping"}, "ping")
     blocks = _Blocks()
     async for event in handle.events():

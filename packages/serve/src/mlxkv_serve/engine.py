@@ -103,7 +103,7 @@ class GenerateRequest:
     # default); its think section is closed after `thinking_budget` tokens (None: no bound).
     enable_thinking: bool | None = None
     thinking_budget: int | None = None
-    model: str | None = None  # the request's `model`: it may name adapters (`NAME`, `<model id>:NAME`)
+    model: str | None = None  # which model serves it (on a server with several); it may name adapters (`NAME`, `<model id>:NAME`)
     adapters: tuple[str, ...] = ()  # mlx_lm.server's `adapters`: adapter names (or the paths they were loaded from)
 
 
@@ -197,6 +197,14 @@ class QueueFullError(Exception):
         self.retry_after_s = retry_after_s
 
 
+class ModelUnavailableError(Exception):
+    """The model cannot be loaded now (its load failed, or it does not fit the memory budget)."""
+
+    def __init__(self, message: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class ServeEngine(Protocol):
     @property
     def model_id(self) -> str: ...
@@ -278,4 +286,27 @@ class AdapterManaging(Protocol):
 
     def remove_adapter(self, name: str) -> bool:
         """Forget `name`; False when no adapter has it."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """A model a server with several serves, for /v1/models. `state`: "unloaded", "loading",
+    "loaded" or "failed" (`error` says why)."""
+
+    name: str
+    state: str
+    pinned: bool = False
+    error: str | None = None
+
+
+@runtime_checkable
+class ModelCatalog(Protocol):
+    """An engine serving several models, each request by its `model`."""
+
+    def models(self) -> tuple[ModelInfo, ...]: ...
+
+    def resolve(self, asked: str | None) -> str:
+        """The name of the model that serves a request asking for `asked`; raises
+        `UnknownModelError` when none does."""
         ...

@@ -11,12 +11,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from mlxkv_serve.body import read_json
-from mlxkv_serve.engine import Delta, Failed, Finished, GenerationHandle, TokenLogprob
-from mlxkv_serve.engine import AdapterServing
+from mlxkv_serve.engine import AdapterServing, Delta, Failed, Finished, GenerationHandle, ModelCatalog, ModelInfo, TokenLogprob
 from mlxkv_serve.errors import RequestError, error_body
 from mlxkv_serve.openai_schema import OpenAiRequest, parse_chat, parse_completion
 from mlxkv_serve.state import ServerState
-from mlxkv_serve.streaming import collect, failure, guarded, sse, submit
+from mlxkv_serve.streaming import collect, failure, for_model, guarded, served_model, sse, submit
 
 
 async def chat_completions(request: Request) -> Response:
@@ -28,7 +27,10 @@ async def completions(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
+    """The served model and its adapters, or, on a server with several, each model with its state (loaded or not)."""
     state: ServerState = request.app.state.mlxkv
+    if isinstance(state.engine, ModelCatalog):
+        return JSONResponse({"object": "list", "data": [_listed(state, info) for info in state.engine.models()]})
     return JSONResponse({"object": "list", "data": [_model(state, name) for name in _served_ids(state)]})
 
 
@@ -36,6 +38,12 @@ async def model(request: Request) -> Response:
     """The served model by its id (the OpenAI client's `models.retrieve`); any other id is a 404."""
     state: ServerState = request.app.state.mlxkv
     asked = request.path_params["model_id"]
+    if isinstance(state.engine, ModelCatalog):
+        found = [info for info in state.engine.models() if info.name == asked]
+        if not found:
+            raise RequestError(404, f"the model '{asked}' does not exist; this server serves "
+                               f"{', '.join(repr(i.name) for i in state.engine.models())}", "model", "model_not_found")
+        return JSONResponse(_listed(state, found[0]))
     if asked not in _served_ids(state):
         raise RequestError(404, f"the model '{asked}' does not exist; this server serves '{state.engine.model_id}'",
                            "model", "model_not_found")
@@ -53,13 +61,22 @@ def _model(state: ServerState, model_id: str) -> dict[str, object]:
     return {"id": model_id, "object": "model", "created": state.started, "owned_by": "mlxkv"}
 
 
+def _listed(state: ServerState, info: ModelInfo) -> dict[str, object]:
+    listed: dict[str, object] = {"id": info.name, "object": "model", "created": state.started, "owned_by": "mlxkv",
+                                 "state": info.state, "pinned": info.pinned}
+    if info.error is not None:
+        listed["error"] = info.error
+    return listed
+
+
 async def _complete(request: Request, *, chat: bool) -> Response:
     state: ServerState = request.app.state.mlxkv
     body = await read_json(request, state.config.max_body_bytes)
     parsed = (parse_chat if chat else parse_completion)(body, state.config)
-    handle = await submit(state.engine, parsed.generate)
+    model = served_model(state, body)
+    handle = await submit(state.engine, for_model(parsed.generate, model))
     headers = {"x-mlxkv-generation-id": handle.generation_id}
-    ids = _Ids(("chatcmpl-" if chat else "cmpl-") + handle.generation_id, int(time.time()), state.engine.model_id, chat)
+    ids = _Ids(("chatcmpl-" if chat else "cmpl-") + handle.generation_id, int(time.time()), model, chat)
     if parsed.stream:
         frames = guarded(request, state, handle, _stream(state, handle, parsed, ids))
         return StreamingResponse(frames, media_type="text/event-stream", headers=headers)

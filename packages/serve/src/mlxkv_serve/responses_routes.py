@@ -19,7 +19,7 @@ from mlxkv_serve.responses_schema import ResponsesRequest, parse_responses, prev
 from mlxkv_serve.responses_store import ResponseStore, StoredResponse
 from mlxkv_serve.responses_stream import ResponseBuilder, ResponseIds, stream
 from mlxkv_serve.state import ServerState
-from mlxkv_serve.streaming import collect, guarded, submit
+from mlxkv_serve.streaming import collect, for_model, guarded, served_model, submit
 
 log = logging.getLogger(__name__)
 LEFT_OUT_HEADER = "x-mlxkv-tools-left-out"
@@ -30,7 +30,8 @@ async def create(request: Request) -> Response:
     store: ResponseStore = request.app.state.responses
     body = await read_json(request, state.config.max_body_bytes)
     previous = previous_id(body)
-    history = await _history(store, previous, state.engine.model_id) if previous else ()
+    model = served_model(state, body)
+    history = await _history(store, previous, model) if previous else ()
     parsed = parse_responses(body, state.config, history)
     headers = {}
     if parsed.tools.left_out:
@@ -38,9 +39,9 @@ async def create(request: Request) -> Response:
         # a local model would invite calls nobody answers.
         headers[LEFT_OUT_HEADER] = ",".join(parsed.tools.left_out)
         log.info("/v1/responses: left out tools this server cannot run: %s", ", ".join(parsed.tools.left_out))
-    handle = await submit(state.engine, parsed.generate)
+    handle = await submit(state.engine, for_model(parsed.generate, model))
     headers["x-mlxkv-generation-id"] = handle.generation_id
-    ids = ResponseIds("resp_" + uuid.uuid4().hex, int(time.time()), state.engine.model_id, previous, parsed.store)
+    ids = ResponseIds("resp_" + uuid.uuid4().hex, int(time.time()), model, previous, parsed.store)
     builder = ResponseBuilder(ids, parsed.echo, parsed.tools)
     conversation = (*history, *parsed.items)
     if parsed.stream:

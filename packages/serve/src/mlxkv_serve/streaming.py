@@ -5,12 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from dataclasses import replace
 from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
 
-from mlxkv_serve.engine import Delta, Failed, Finished, GenerateRequest, GenerationHandle, PromptTooLongError, QueueFullError, ServeEngine, UnknownModelError
+from mlxkv_serve.engine import (
+    Delta, Failed, Finished, GenerateRequest, GenerationHandle, ModelCatalog, ModelUnavailableError, PromptTooLongError, QueueFullError,
+    ServeEngine, UnknownModelError,
+)
 from mlxkv_serve.errors import ClientGone, RequestError
 from mlxkv_serve.state import ServerState
 
@@ -18,11 +22,33 @@ log = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.5
 
 
+def served_model(state: ServerState, body: Any) -> str:
+    """The name of the model that serves a request whose body is `body` (its `model`, on a server
+    with several; the one model, whatever the name, on a server with one)."""
+    engine = state.engine
+    if not isinstance(engine, ModelCatalog):
+        return engine.model_id
+    asked = body.get("model") if isinstance(body, dict) else None
+    try:
+        return engine.resolve(asked if isinstance(asked, str) else None)
+    except UnknownModelError as e:
+        raise RequestError(404, str(e), "model", "model_not_found") from None
+
+
+def for_model(request: GenerateRequest, model: str) -> GenerateRequest:
+    """`request` for the model `served_model` chose; a `model` the request gave is kept, since it
+    may also name adapters (`NAME`, `<model id>:NAME`) that the chosen model's engine selects."""
+    return request if request.model else replace(request, model=model)
+
+
 async def submit(engine: ServeEngine, request: GenerateRequest) -> GenerationHandle:
     try:
         return await engine.submit(request)
     except UnknownModelError as e:
         raise RequestError(404, str(e), e.param, "model_not_found") from None
+    except ModelUnavailableError as e:
+        headers = {"Retry-After": str(e.retry_after_s)} if e.retry_after_s is not None else {}
+        raise RequestError(503, str(e), "model", "model_unavailable", headers=headers) from None
     except PromptTooLongError as e:
         raise RequestError(400, str(e), "messages" if request.messages is not None else "prompt", "context_length_exceeded") from None
     except ValueError as e:

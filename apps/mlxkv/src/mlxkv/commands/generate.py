@@ -22,6 +22,7 @@ from mlxkv.commands.options import (
 from mlxkv.engine.cache_services import build_tiers
 from mlxkv.paths import weights_digest_memo
 from mlxkv.progress import TerminalProgress
+from mlxkv.engine.model_sources import is_hub_id, resolve_source
 
 FLUSH_TIMEOUT_S = 60.0
 
@@ -54,7 +55,9 @@ def run(args: argparse.Namespace) -> int:
     params = replace(generation_params_from(args), grammar=grammar_from(args))
     progress = TerminalProgress()
     progress.status(f"loading {args.model or 'the embedded model'} ...")
-    binding = load_binding(args.model, kv_scheme_from(args), cpu_kernels_from(args), digest_memo=weights_digest_memo())
+    hub = args.model is not None and is_hub_id(args.model)
+    binding = load_binding(resolve_source(args.model), kv_scheme_from(args), cpu_kernels_from(args),
+                           digest_memo=weights_digest_memo(), model_id=args.model if hub else None)
     draft = prepare_speculation(args, binding)
     adapters = AdapterRegistry(binding.adapters, binding.model_id)
     load_adapters(args, adapters)

@@ -19,13 +19,19 @@ from mlxkv_inference.native.kernels import (
 )
 
 
-def add_model_options(parser: argparse.ArgumentParser) -> None:
+def add_model_options(parser: argparse.ArgumentParser, *, several: bool = False) -> None:
+    """`several`: --model may be given more than once (`serve`), as NAME=SOURCE or SOURCE."""
     group = parser.add_argument_group("model")
+    source = ("a local mlx-lm model directory, a .gguf file, or a Hugging Face id (org/name: from the hub cache, "
+              "downloaded unless HF_HUB_OFFLINE=1)")
     group.add_argument(
         "--model",
-        metavar="PATH",
+        metavar="[NAME=]SOURCE" if several else "SOURCE",
+        action="append" if several else "store",
         default=None,
-        help="local mlx-lm model directory or llama .gguf file (default: the embedded SmolLM2-135M-Instruct Q4_1)",
+        help=f"{source}; repeat it to serve several models, each request served by the one its 'model' names "
+        "('embedded' is the embedded model) (default: the embedded SmolLM2-135M-Instruct Q4_1)" if several
+        else f"{source} (default: the embedded SmolLM2-135M-Instruct Q4_1)",
     )
     group.add_argument("--kv-bits", type=int, choices=(4, 8), default=None, help="quantize the KV cache to this many bits")
     group.add_argument("--kv-group-size", type=int, choices=(32, 64, 128), default=64, help="KV quantization group size (default: 64)")
@@ -124,9 +130,11 @@ def cpu_kernels_from(args: argparse.Namespace) -> CpuKernels:
     return check_cpu_kernels(args.cpu_kernels)
 
 
-def runtime_info(binding: MlxAutoregressiveBinding) -> dict[str, str]:
-    """The matmul kernels and BLAS in use, for the start-up line and /health."""
-    return {"cpu_kernels": describe_cpu_kernels(binding.cpu_kernels), "blas": blas_description()}
+def runtime_info(binding: MlxAutoregressiveBinding | None, kernels: CpuKernels = "mlx") -> dict[str, str]:
+    """The matmul kernels and BLAS in use, for the start-up line and /health (`kernels`: those
+    models will load with, when none is loaded yet)."""
+    return {"cpu_kernels": describe_cpu_kernels(binding.cpu_kernels if binding is not None else kernels),
+            "blas": blas_description()}
 
 
 def runtime_line(binding: MlxAutoregressiveBinding) -> str:

@@ -16,8 +16,9 @@ from typing import Any
 import uvicorn
 
 from mlxkv_inference import MlxAutoregressiveBinding, load_binding
+from mlxkv_inference.models.embedded import EMBEDDED_MODEL_ID, embedded_model_path
 from mlxkv_inference.scheduler.batch import DEFAULT_MAX_BATCH, STEP_MAX_ROWS
-from mlxkv_serve import ServeConfig, bounded_http_protocol, build_app
+from mlxkv_serve import ServeConfig, ServeEngine, bounded_http_protocol, build_app
 from mlxkv_serve.config import loopback_hosts
 from mlxkv_remote_cache import safe_url
 from mlxkv_serve.responses_store import DiskResponseStore, MemoryResponseStore, ResponseStore
@@ -27,7 +28,11 @@ from mlxkv.commands.options import (
     add_cache_options, add_model_options, add_prefill_option, add_speculative_options, base_params_from, cpu_kernels_from,
     kv_scheme_from, prepare_speculation, runtime_info, speculative_params_from,
 )
-from mlxkv.engine.cache_services import build_tiers
+from mlxkv.commands.serve_models import add_models_options, build_router, memory_budget, several_models
+from mlxkv.engine.budgeted import BudgetedEngine
+from mlxkv.engine.cache_services import build_tiers, token_kv_bytes
+from mlxkv.engine.memory import weights_on_disk
+from mlxkv.engine.model_sources import is_hub_id, resolve_source
 from mlxkv.engine.local_engine import DEFAULT_MAX_QUEUE, LocalEngine
 from mlxkv.engine.remote_tier import RemoteColdTier, remote_store_opener
 from mlxkv.paths import parse_hours, parse_size, weights_digest_memo
@@ -102,7 +107,8 @@ def register(sub: Any) -> None:
                              "every request, so no prompt would reuse the cache past it; default: left out)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="server log verbosity (default: info)")
-    add_model_options(parser)
+    add_model_options(parser, several=True)
+    add_models_options(parser)
     prefill = parser.add_argument_group("prefill")
     add_prefill_option(prefill, SERVE_PREFILL_CHUNK, "; also the most prompt tokens one scheduler step prefills")
     prefill.add_argument("--prefill-step-ms", type=float, default=SERVE_PREFILL_STEP_MS, metavar="MS",
@@ -119,12 +125,9 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     check_args(args)
-    binding = load_binding(args.model, kv_scheme_from(args), cpu_kernels_from(args), digest_memo=weights_digest_memo())
-    runtime = runtime_info(binding)
-    engine = build_engine(args, binding)
-    load_adapters(args, engine.adapters)
+    engine, vocab_size, runtime = load_engine(args)
     config = ServeConfig(
-        vocab_size=binding.tokenizer.vocab_size, default_max_tokens=args.max_tokens, default_temperature=args.temp,
+        vocab_size=vocab_size, default_max_tokens=args.max_tokens, default_temperature=args.temp,
         default_top_p=args.top_p, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
         allowed_hosts=loopback_hosts(args.host), cors_origins=tuple(args.cors_origins), cpu_kernels=runtime["cpu_kernels"],
         blas=runtime["blas"], keep_billing_header=args.keep_billing_header,
@@ -133,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     where = args.ssd_cache if args.ssd_cache is not None else "off"
     if args.remote_cache:
         where = f"{where}, shared through {safe_url(args.remote_cache)}"
-    log.info("serving %s on http://%s:%d (SSD cache: %s; cpu kernels %s; BLAS %s)", binding.model_id, args.host,
+    log.info("serving %s on http://%s:%d (SSD cache: %s; cpu kernels %s; BLAS %s)", engine.model_id, args.host,
              args.port, where, runtime["cpu_kernels"], runtime["blas"])
     # NOTE: lifespan off: the app has no start-up or shutdown work (`run` closes the engine), and a
     # lifespan task cancelled by a SIGTERM is logged by Starlette as an ERROR traceback.
@@ -153,6 +156,34 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0 if server.started else 1)
+
+
+def load_engine(args: argparse.Namespace) -> tuple[ServeEngine, int, dict[str, str]]:
+    """The engine, the vocabulary size requests are checked against, and the runtime for /health:
+    one model loaded now, or several behind a router that loads each on demand."""
+    specs = several_models(args)
+    if specs is not None:
+        if args.adapter:
+            raise ValueError("--adapter applies to one base model: serve adapters with a single --model")
+        router = build_router(args, specs)
+        try:
+            router.load_pinned()
+        except RuntimeError:
+            router.close(SHUTDOWN_TIMEOUT_S)
+            raise
+        # each model checks a request's token ids against its own vocabulary
+        return router, 1 << 31, runtime_info(None, cpu_kernels_from(args))
+    source = args.model[0] if args.model else None
+    path = resolve_source(source)
+    memory_budget(args).check_model(source or EMBEDDED_MODEL_ID, weights_on_disk(path or embedded_model_path()),
+                                    args.prompt_cache_bytes)
+    binding = load_binding(path, kv_scheme_from(args), cpu_kernels_from(args), digest_memo=weights_digest_memo(),
+                           model_id=source if source and is_hub_id(source) else None)
+    engine = build_engine(args, binding)
+    load_adapters(args, engine.adapters)
+    budgeted = BudgetedEngine(engine, memory_budget(args), resident=weights_on_disk(path or embedded_model_path())
+                              + args.prompt_cache_bytes, kv_per_token=token_kv_bytes(binding), context_length=engine.context_length)
+    return budgeted, binding.tokenizer.vocab_size, runtime_info(binding)
 
 
 def check_args(args: argparse.Namespace) -> None:

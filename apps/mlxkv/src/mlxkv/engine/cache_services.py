@@ -124,7 +124,7 @@ def open_cold_tier(
         draft = None
     draft_bytes = 0
     if draft is not None:
-        target_cost, draft_cost = _token_bytes(binding), _token_bytes(draft)
+        target_cost, draft_cost = token_kv_bytes(binding), token_kv_bytes(draft)
         draft_bytes = max_bytes * draft_cost // max(target_cost + draft_cost, 1)
     store = SsdCacheStore(directory, _identity(binding), max_bytes - draft_bytes, checkpoint_ttl_s=checkpoint_ttl_s)
     if draft is None or draft_bytes < 1:
@@ -150,7 +150,7 @@ def build_tiers(
     return TieredPromptCache(ram_bytes, tier), cold
 
 
-def _token_bytes(binding: MlxAutoregressiveBinding) -> int:
+def token_kv_bytes(binding: MlxAutoregressiveBinding) -> int:
     """Bytes one token's KV takes in `binding`'s caches (a recurrent layer counts its whole state):
     measured on scratch caches fed one token."""
     caches = binding.make_cache()

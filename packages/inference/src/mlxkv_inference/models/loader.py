@@ -22,9 +22,10 @@ from mlxkv_inference.tokenizer.hf_tokenizer import HfTokenizer
 
 def load_binding(
     model: str | Path | None = None, kv_scheme: KvScheme = KvScheme(), cpu_kernels: CpuKernels = "mlx", *,
-    digest_memo: Path | None = None,
+    digest_memo: Path | None = None, model_id: str | None = None,
 ) -> MlxAutoregressiveBinding:
-    """Load `model` (None: the embedded SmolLM2) and bind it with `kv_scheme` and `cpu_kernels`.
+    """Load `model` (None: the embedded SmolLM2) and bind it with `kv_scheme` and `cpu_kernels`;
+    `model_id` names it (default: the file's stem or the directory's name).
 
     `digest_memo`: a JSON file remembering the weights digest, so a restart does not re-read
     the weights to fingerprint them (None: digest them every time).
@@ -34,9 +35,9 @@ def load_binding(
                                  digest_memo=digest_memo)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return load_gguf_binding(path, kv_scheme, cpu_kernels=cpu_kernels, digest_memo=digest_memo)
+        return load_gguf_binding(path, kv_scheme, model_id, cpu_kernels=cpu_kernels, digest_memo=digest_memo)
     if path.is_dir() and (path / "config.json").is_file():
-        return load_directory_binding(path, kv_scheme, cpu_kernels, digest_memo=digest_memo)
+        return load_directory_binding(path, kv_scheme, cpu_kernels, digest_memo=digest_memo, model_id=model_id)
     if not path.exists():
         raise ModelLoadError(
             f"model path {str(path)!r} does not exist; --model takes a local mlx-lm directory or a .gguf file "
@@ -62,7 +63,8 @@ def load_gguf_binding(
 
 
 def load_directory_binding(
-    path: Path, kv_scheme: KvScheme, cpu_kernels: CpuKernels = "mlx", digest_memo: Path | None = None
+    path: Path, kv_scheme: KvScheme, cpu_kernels: CpuKernels = "mlx", digest_memo: Path | None = None,
+    model_id: str | None = None,
 ) -> MlxAutoregressiveBinding:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
@@ -72,7 +74,7 @@ def load_directory_binding(
     return MlxAutoregressiveBinding(
         model,
         HfTokenizer(wrapper, path),
-        model_id=path.resolve().name,
+        model_id=model_id or path.resolve().name,
         config=config,
         kv_scheme=kv_scheme,
         weights_digest=weights_digest(sorted(path.glob("*.safetensors")), digest_memo),
