@@ -15,7 +15,7 @@ from mlxkv_inference.tokenizer.chat import encode_chat
 
 from mlxkv.commands.options import (
     add_cache_options, add_model_options, add_sampling_options, add_speculative_options, cpu_kernels_from,
-    generation_params_from, kv_scheme_from, prepare_speculation, runtime_line,
+    apply_batch_exactness, generation_params_from, kv_scheme_from, prepare_speculation, runtime_line,
 )
 from mlxkv.engine.cache_services import build_tiers
 from mlxkv.paths import weights_digest_memo
@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     progress = TerminalProgress()
     progress.status(f"loading {args.model or 'the embedded model'} ...")
     binding = load_binding(args.model, kv_scheme_from(args), cpu_kernels_from(args), digest_memo=weights_digest_memo())
+    apply_batch_exactness(args, binding)
     draft = prepare_speculation(args, binding)
     progress.clear()
     print(f"mlxkv generate: {runtime_line(binding)}", file=sys.stderr)

@@ -23,8 +23,8 @@ from mlxkv_remote_cache import safe_url
 from mlxkv_serve.responses_store import DiskResponseStore, MemoryResponseStore, ResponseStore
 
 from mlxkv.commands.options import (
-    add_cache_options, add_model_options, add_prefill_option, add_speculative_options, base_params_from, cpu_kernels_from,
-    kv_scheme_from, prepare_speculation, runtime_info, speculative_params_from,
+    add_cache_options, add_model_options, add_prefill_option, add_speculative_options, apply_batch_exactness, base_params_from,
+    cpu_kernels_from, kv_scheme_from, prepare_speculation, runtime_info, speculative_params_from,
 )
 from mlxkv.engine.cache_services import build_tiers
 from mlxkv.engine.local_engine import DEFAULT_MAX_QUEUE, LocalEngine
@@ -118,20 +118,21 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     check_args(args)
     binding = load_binding(args.model, kv_scheme_from(args), cpu_kernels_from(args), digest_memo=weights_digest_memo())
+    apply_batch_exactness(args, binding)
     runtime = runtime_info(binding)
     engine = build_engine(args, binding)
     config = ServeConfig(
         vocab_size=binding.tokenizer.vocab_size, default_max_tokens=args.max_tokens, default_temperature=args.temp,
         default_top_p=args.top_p, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
         allowed_hosts=loopback_hosts(args.host), cors_origins=tuple(args.cors_origins), cpu_kernels=runtime["cpu_kernels"],
-        blas=runtime["blas"], keep_billing_header=args.keep_billing_header,
+        blas=runtime["blas"], batch_exactness=runtime["batch_exactness"], keep_billing_header=args.keep_billing_header,
     )
     app = build_app(engine, config, response_store(args))
     where = args.ssd_cache if args.ssd_cache is not None else "off"
     if args.remote_cache:
         where = f"{where}, shared through {safe_url(args.remote_cache)}"
-    log.info("serving %s on http://%s:%d (SSD cache: %s; cpu kernels %s; BLAS %s)", binding.model_id, args.host,
-             args.port, where, runtime["cpu_kernels"], runtime["blas"])
+    log.info("serving %s on http://%s:%d (SSD cache: %s; cpu kernels %s; BLAS %s; batch exactness %s)", binding.model_id,
+             args.host, args.port, where, runtime["cpu_kernels"], runtime["blas"], runtime["batch_exactness"])
     # NOTE: lifespan off: the app has no start-up or shutdown work (`run` closes the engine), and a
     # lifespan task cancelled by a SIGTERM is logged by Starlette as an ERROR traceback.
     server = GracefulServer(uvicorn.Config(
