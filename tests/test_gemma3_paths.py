@@ -4,6 +4,7 @@ generations on the session's one loaded model; skipped where the `gemma3` group 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -11,6 +12,7 @@ import pytest
 
 from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, SamplingParams
 from mlxkv_inference.generation.cached_generation import CachedGenerator
+from mlxkv_inference.models.draft import layer_skip_draft
 from mlxkv_inference.prompt_cache import TieredPromptCache
 from mlxkv_inference.scheduler.batch import BatchScheduler
 from mlxkv_inference.speculative.speculation import SpeculativeParams
@@ -49,6 +51,18 @@ def test_gemma3_prompt_lookup_gives_exactly_the_plain_tokens(gemma3_native: MlxA
     assert fast.accepted_tokens > 0  # it copied, so drafts were taken, not only proposed
     if sampling.temperature == 0:
         assert binding.tokenizer.decode(list(plain.token_ids)).startswith(TABLE[16:60])
+
+
+def test_gemma3_layer_skip_draft_needs_the_first_global_layer(gemma3_native: MlxAutoregressiveBinding) -> None:
+    with pytest.raises(ValueError, match=r"draft layers=4: .* layer 6; allowed: \[6, 17\]"):
+        layer_skip_draft(gemma3_native, 4)
+    draft = layer_skip_draft(gemma3_native, 6)
+    prompt = gemma3_native.tokenizer.encode(TABLE)
+    spec = SpeculativeParams(mode="draft", num_draft_tokens=4, adaptive=False)
+    params = GenerationParams(max_tokens=8, ignore_eos=True)
+    fast = Generation(gemma3_native, prompt, replace(params, speculative=spec), draft=draft).run()
+    assert fast.token_ids == Generation(gemma3_native, prompt, params).run().token_ids
+    assert fast.draft_tokens > 0
 
 
 def test_gemma3_server_killed_mid_generation_resumes_with_the_uninterrupted_text(
