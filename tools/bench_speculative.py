@@ -114,7 +114,7 @@ CHAT_REQUESTS = [
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
 ]
 # The same work for a base model: it copies the file with the change, or continues the prose.
-BASE_EDIT_CHANGES = ["the method `restock` renamed to `add_stock`", "the class `Inventory` renamed to `Warehouse`"]
+BASE_EDIT_CHANGES = ["renaming `restock` to `add_stock`", "renaming `Inventory` to `Warehouse`"]
 BASE_CHAT_OPENINGS = [
     "Photosynthesis, explained to a ten year old. Plants are like little kitchens:",
     "The lighthouse keeper found the bottle on a grey morning, wedged between two rocks.",
@@ -223,8 +223,10 @@ def chat_prompts(binding: MlxAutoregressiveBinding, requests: list[str]) -> list
 def base_workloads(binding: MlxAutoregressiveBinding) -> dict[str, list[list[int]]]:
     # NOTE: the file's first half: rounds verify only while a sliding window has room (`round_fits`),
     # so on Gemma 3 (window 512) prompt and answer must stay under 512 tokens for drafts to run at all.
+    # Worded as a file's before and after: with "the same file, with ..." Gemma 3 270M writes new code.
     code = CODE_FILE[: CODE_FILE.index("    def sell")]
-    edits = [f"```python\n{code}```\n\nThe same file, with {change}:\n\n```python\n" for change in BASE_EDIT_CHANGES]
+    edits = [f"# inventory.py (before)\n```python\n{code}```\n\n# inventory.py (after {change})\n```python\n"
+             for change in BASE_EDIT_CHANGES]
     return {"edit": [binding.tokenizer.encode(e) for e in edits], "chat": [binding.tokenizer.encode(c) for c in BASE_CHAT_OPENINGS]}
 
 
