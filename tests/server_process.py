@@ -29,7 +29,7 @@ def wait_until_healthy(name: str, process: subprocess.Popen[bytes], url: str, lo
 
 
 class ServerProcess:
-    def __init__(self, cache_dir: Path, *extra: str) -> None:
+    def __init__(self, cache_dir: Path, *extra: str, ready_timeout: float = 120) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = cache_dir.parent / f"serve-{self.port}.log"
@@ -37,7 +37,7 @@ class ServerProcess:
         command = [str(Path(sys.executable).parent / "mlxkv"), "serve", "--port", str(self.port),
                    "--ssd-cache", str(cache_dir), "--log-level", "warning", *extra]
         self.process = subprocess.Popen(command, stdout=self._log_file, stderr=subprocess.STDOUT)
-        wait_until_healthy("mlxkv serve", self.process, self.url, self.log, 120)
+        wait_until_healthy("mlxkv serve", self.process, self.url, self.log, ready_timeout)
 
     def stop(self) -> None:
         if self.process.poll() is None:

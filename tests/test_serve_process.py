@@ -18,6 +18,7 @@ def test_sigterm_finishes_in_flight_work_flushes_the_cache_and_exits(tmp_path: P
     server = ServerProcess(cache)
     try:
         health = httpx.get(server.url + "/health").json()
+        assert health["batch_exactness"] == "strict"  # the default
         if sys.platform == "linux":  # the CLI's defaults: the native kernels and the fixed-order sgemm shim
             assert health["cpu_kernels"].startswith("native (") and health["blas"].startswith("mlxkv-sgemm")
         body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 12}

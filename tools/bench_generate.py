@@ -75,6 +75,9 @@ def main() -> None:
     parser.add_argument("--no-native", dest="native", action="store_false", help="only mlx-lm and mlxkv mlx")
     parser.add_argument("--native-only", action="store_true",
                         help="only mlxkv native (the MLX-kernel runs of a long prompt can take many minutes)")
+    parser.add_argument("--mlx-max-size", type=int, default=None, metavar="N",
+                        help="skip the MLX-kernel runs (mlx-lm, mlxkv mlx) of prompts over N tokens, saying so "
+                             "(their prefill of a 16k prompt takes many minutes on a small machine)")
     args = parser.parse_args()
     if args.model == "gemma3-270m":
         args.model = gemma3_270m_path(default_cache_dir())
@@ -94,11 +97,14 @@ def main() -> None:
         ours(b, text_ids[:16], 4, args.prefill_chunk)  # warm-up
     for size in args.sizes:
         prompt = text_ids[:size]
-        results: dict[str, list[Timing]] = {name: [] for name in bindings}
+        running = {name: b for name, b in bindings.items()
+                   if name == "mlxkv native" or args.mlx_max_size is None or size <= args.mlx_max_size}
+        results: dict[str, list[Timing]] = {name: [] for name in running}
         for _ in range(args.repeats):
-            for name, b in bindings.items():
+            for name, b in running.items():
                 results[name].append(runners[name](b, prompt, args.gen_tokens, args.prefill_chunk))
-        report(len(prompt), results)
+        skipped = [name for name in bindings if name not in running]
+        report(len(prompt), results, skipped, args.mlx_max_size)
 
 
 def cpu_model() -> str:
@@ -111,7 +117,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def report(prompt_tokens: int, results: dict[str, list[Timing]]) -> None:
+def report(prompt_tokens: int, results: dict[str, list[Timing]], skipped: list[str], mlx_max_size: int | None) -> None:
     medians = {
         name: Timing(statistics.median(t.prefill_tps for t in ts), statistics.median(t.decode_tps for t in ts))
         for name, ts in results.items()
@@ -121,6 +127,8 @@ def report(prompt_tokens: int, results: dict[str, list[Timing]]) -> None:
     for name, m in medians.items():
         print(f"  {name:12s} prefill {m.prefill_tps:8.2f} tok/s ({m.prefill_tps / ref.prefill_tps:6.2f}x)"
               f"   decode {m.decode_tps:8.2f} tok/s ({m.decode_tps / ref.decode_tps:6.2f}x)")
+    for name in skipped:
+        print(f"  {name:12s} skipped: prompt over --mlx-max-size {mlx_max_size}")
 
 
 if __name__ == "__main__":

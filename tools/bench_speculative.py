@@ -18,6 +18,9 @@ requests) against the plain run's in the same repeat, so the pairs see the same 
 machine's speed drifts 1.5x between minutes); per request, the median of its paired ratios.
 Then prompt lookup is replayed on the plain runs' tokens for each `--replay-ngram` (rounds needed
 and a speed-up modelled from the measured step costs: no timing noise, for comparing proposers).
+`--base` (implied by `--model gemma3-270m`, the `gemma3` group's base model) words the workloads
+for a base model, which has no chat template and continues text: an edit prompt is the file, the
+change asked for, and the opening of the changed file; a chat prompt is the start of the prose.
 Run: `uv run python -m tools.bench_speculative` (add `--cpu-kernels mlx` for MLX's own kernels,
 `--temperature T` for seeded sampling instead of greedy).
 """
@@ -30,7 +33,9 @@ import sys
 
 from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, SamplingParams, load_binding  # first: the BLAS shim precedes mlx
 
-from mlxkv_inference.generation.generate import GenerationResult  # noqa: E402, I001
+from mlxkv.paths import default_cache_dir  # noqa: E402, I001
+from mlxkv_inference.generation.generate import GenerationResult
+from mlxkv_inference.models.gemma3_270m import gemma3_270m_path
 from mlxkv_inference.speculative.proposers import PromptLookup
 from mlxkv_inference.speculative.speculation import SpeculativeParams, StepCosts
 from mlxkv_inference.speculative.speculator import Speculator
@@ -108,6 +113,12 @@ CHAT_REQUESTS = [
     "Explain how photosynthesis works to a ten year old.",
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
 ]
+# The same work for a base model: it copies the file with the change, or continues the prose.
+BASE_EDIT_CHANGES = ["renaming `restock` to `add_stock`", "renaming `Inventory` to `Warehouse`"]
+BASE_CHAT_OPENINGS = [
+    "Photosynthesis, explained to a ten year old. Plants are like little kitchens:",
+    "The lighthouse keeper found the bottle on a grey morning, wedged between two rocks.",
+]
 
 
 def main() -> int:
@@ -124,8 +135,12 @@ def main() -> int:
                         help="sample at this temperature, seeded (default: 0, greedy); the tokens must still match")
     parser.add_argument("--cpu-kernels", choices=("native", "mlx"), default="native", help="matmul kernels (default: native)")
     parser.add_argument("--model", default=None, metavar="PATH",
-                        help="a local mlx-lm directory or .gguf file (default: the embedded model)")
+                        help="a local mlx-lm directory or .gguf file, or gemma3-270m (the `gemma3` group's base model; "
+                             "implies --base) (default: the embedded model)")
+    parser.add_argument("--base", action="store_true", help="prompts for a base model: raw text it continues, no chat template")
     args = parser.parse_args()
+    if args.model == "gemma3-270m":
+        args.model, args.base = str(gemma3_270m_path(default_cache_dir())), True
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.max_tokens < 2:
@@ -142,17 +157,19 @@ def main() -> int:
         "prompt_lookup": SpeculativeParams(mode="prompt_lookup", num_draft_tokens=args.num_draft_tokens),
         f"draft({args.draft_layers} layers)": SpeculativeParams(mode="draft", num_draft_tokens=args.num_draft_tokens),
     }
-    workloads = {
-        "edit": [f"```python\n{CODE_FILE}```\n\n{request}" for request in EDIT_REQUESTS],
-        "chat": CHAT_REQUESTS,
+    workloads = base_workloads(binding) if args.base else {
+        "edit": chat_prompts(binding, [f"```python\n{CODE_FILE}```\n\n{request}" for request in EDIT_REQUESTS]),
+        "chat": chat_prompts(binding, CHAT_REQUESTS),
     }
     print(f"{binding.model_id}, {args.cpu_kernels} kernels, "
           f"{f'temperature {args.temperature} (seed {SEED})' if args.temperature else 'greedy'}, up to {args.max_tokens} tokens an answer, "
           f"{args.repeats} repeats, up to {args.num_draft_tokens} drafts a step")
     exact = True
-    for workload, requests in workloads.items():
-        prompts = [encode_chat(binding.tokenizer, [{"role": "user", "content": r}]).tokens for r in requests]
+    window = binding.config.get("sliding_window")
+    for workload, prompts in workloads.items():
         print(f"\n{workload}: prompts of {', '.join(str(len(p)) for p in prompts)} tokens")
+        if window and max(len(p) for p in prompts) + args.max_tokens >= window:
+            print(f"  note: past {window} tokens (the sliding window) no round fits: those tokens decode without drafts")
         tps: dict[str, list[float]] = {mode: [] for mode in modes}  # each run's, repeat by repeat, request by request
         workload_tps: dict[str, list[float]] = {mode: [] for mode in modes}  # each repeat's
         drafted: dict[str, int] = {mode: 0 for mode in modes}
@@ -197,6 +214,20 @@ def main() -> int:
                   f"modelled {', '.join(f'{x:.2f}x' for _, x in replays)}")
     print("\nevery mode produced the plain run's tokens" if exact else "\nSPECULATION CHANGED TOKENS")
     return 0 if exact else 1
+
+
+def chat_prompts(binding: MlxAutoregressiveBinding, requests: list[str]) -> list[list[int]]:
+    return [encode_chat(binding.tokenizer, [{"role": "user", "content": r}]).tokens for r in requests]
+
+
+def base_workloads(binding: MlxAutoregressiveBinding) -> dict[str, list[list[int]]]:
+    # NOTE: the file's first half: rounds verify only while a sliding window has room (`round_fits`),
+    # so on Gemma 3 (window 512) prompt and answer must stay under 512 tokens for drafts to run at all.
+    # Worded as a file's before and after: with "the same file, with ..." Gemma 3 270M writes new code.
+    code = CODE_FILE[: CODE_FILE.index("    def sell")]
+    edits = [f"# inventory.py (before)\n```python\n{code}```\n\n# inventory.py (after {change})\n```python\n"
+             for change in BASE_EDIT_CHANGES]
+    return {"edit": [binding.tokenizer.encode(e) for e in edits], "chat": [binding.tokenizer.encode(c) for c in BASE_CHAT_OPENINGS]}
 
 
 def replay(prompt: list[int], answer: list[int], ngram_max: int, num_draft_tokens: int, costs: StepCosts) -> tuple[int, float]:

@@ -30,6 +30,7 @@ from mlxkv_inference.native.layer import use_native_layers
 from mlxkv_inference.native.mlp import NATIVE_SWIGLU, use_native_swiglu
 from mlxkv_inference.native.norm import NATIVE_RMS_NORM, use_native_rms_norm
 from mlxkv_inference.cache.recurrent_replay import use_recurrent_replay
+from mlxkv_inference.batch_exactness import BatchExactness, exactness_fingerprint
 from mlxkv_inference.cache.rounds import Round, round_fits
 from mlxkv_inference.step_costs import StepCosts
 from mlxkv_inference.tokenizer.protocol import Tokenizer
@@ -124,6 +125,8 @@ class MlxAutoregressiveBinding:
         self.step_costs = StepCosts()  # what a forward of L positions costs here (speculation)
         self.prefix_of: MlxAutoregressiveBinding | None = None  # a layer-skip draft's target (models/draft.py)
         self.adapters = AdapterBank(model, model_id)  # caches it tags run their rows under adapters
+        self.batch_exactness: BatchExactness = "strict"  # see `use_batch_exactness`
+        self._strict_fingerprint = self.config_fingerprint
 
     def log_softmax(self, logits: mx.array) -> mx.array:
         """Log-probabilities over the last axis: on the native path the native kernel (MLX's
@@ -354,12 +357,23 @@ class MlxAutoregressiveBinding:
         return all(a is b or (a is not None and b is not None and bool(mx.array_equal(a, b).item()))
                    for mine, theirs in zip(*states) for a, b in zip(mine, theirs))
 
+    def use_batch_exactness(self, mode: BatchExactness) -> None:
+        """Set before the first request and before any cache is keyed by `config_fingerprint`
+        (relaxed KV has its own identity); see `batch_exactness.py`."""
+        self.config_fingerprint = exactness_fingerprint(self._strict_fingerprint, mode)
+        self.batch_exactness = mode
+
     def can_decode_batch(self, caches: Sequence[Sequence[LayerCache]], rows: int | None = None) -> bool:
         """Whether `decode_batch` runs these sequences (`rows` positions in all, default one
         each) exactly as each would run alone: the graph is one `native.batched` drives and every
-        matmul kind of the model is row-invariant (probed once, for up to `rows` rows)."""
+        matmul kind of the model is row-invariant (probed once, for up to `rows` rows). Relaxed
+        batch exactness skips the probe: the graph alone decides."""
         rows = len(caches) if rows is None else rows
-        if self._invariant_rows < 0 or not can_batch(self.model, self.config, caches):
+        if not can_batch(self.model, self.config, caches):
+            return False
+        if self.batch_exactness == "relaxed":
+            return True
+        if self._invariant_rows < 0:
             return False
         if rows > self._invariant_rows:
             # Twice what was probed: a batch that outgrew it (speculative rounds add rows) stalls

@@ -19,7 +19,7 @@ async def health(request: Request) -> Response:
     # "degraded" still answers 200: the server serves, only slower (a load balancer keeps it)
     status = state.engine.health() if isinstance(state.engine, HealthReporting) else "ok"
     return JSONResponse({"status": status, "model": state.engine.model_id, "cpu_kernels": config.cpu_kernels,
-                         "blas": config.blas})
+                         "blas": config.blas, "batch_exactness": config.batch_exactness})
 
 
 async def metrics(request: Request) -> Response:

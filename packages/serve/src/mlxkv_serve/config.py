@@ -29,6 +29,8 @@ class ServeConfig:
     # What runs the model's matmuls, reported by /health (set by the app that loads the model).
     cpu_kernels: str = "unknown"
     blas: str = "unknown"
+    # strict or relaxed (`--batch-exactness`): whether batch neighbours may change a sequence's tokens.
+    batch_exactness: str = "strict"
 
     def __post_init__(self) -> None:
         if self.default_max_tokens < 1:

@@ -17,7 +17,7 @@ from mlxkv.commands.adapter_options import add_adapter_options, load_adapters
 from mlxkv.engine.adapters import AdapterRegistry
 from mlxkv.commands.options import (
     add_cache_options, add_model_options, add_sampling_options, add_speculative_options, cpu_kernels_from,
-    generation_params_from, kv_scheme_from, prepare_speculation, runtime_line,
+    apply_batch_exactness, generation_params_from, kv_scheme_from, prepare_speculation, runtime_line,
 )
 from mlxkv.engine.cache_services import build_tiers
 from mlxkv.paths import weights_digest_memo
@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     hub = args.model is not None and is_hub_id(args.model)
     binding = load_binding(resolve_source(args.model), kv_scheme_from(args), cpu_kernels_from(args),
                            digest_memo=weights_digest_memo(), model_id=args.model if hub else None)
+    apply_batch_exactness(args, binding)
     draft = prepare_speculation(args, binding)
     adapters = AdapterRegistry(binding.adapters, binding.model_id)
     load_adapters(args, adapters)

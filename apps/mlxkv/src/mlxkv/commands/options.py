@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from mlxkv.paths import DEFAULT_SSD_BYTES, default_cache_dir, default_ram_cache_
 from mlxkv_inference import DEFAULT_PREFILL_CHUNK, DEFAULT_QUANTIZED_KV_START, GenerationParams, KvScheme, SamplingParams
 from mlxkv_inference import MlxAutoregressiveBinding
 from mlxkv_inference._blas import blas_description
+from mlxkv_inference.batch_exactness import BATCH_EXACTNESS, RELAXED_NOTICE, check_batch_exactness
 from mlxkv_inference.speculative.speculation import (
     DEFAULT_NUM_DRAFT_TOKENS, MAX_NUM_DRAFT_TOKENS, SPECULATIVE_MODES, SpeculativeMode, SpeculativeParams,
 )
@@ -49,6 +51,14 @@ def add_model_options(parser: argparse.ArgumentParser, *, several: bool = False)
         default=default_cpu_kernels(),
         help="quantized matmuls on the CPU: mlxkv's native multi-threaded, batch-invariant kernel, or MLX's own "
         f"(default: {default_cpu_kernels()}; native needs Linux with mlxkv-cpu-kernels)",
+    )
+    group.add_argument(
+        "--batch-exactness",
+        choices=BATCH_EXACTNESS,
+        default="strict",
+        help="strict: sequences decode in one batch only where the kernels are probed row-invariant, so tokens never "
+        "depend on the other requests; relaxed: batch through any kernel, as other servers do (more throughput where "
+        "a kernel is not row-invariant; its KV is cached under its own identity) (default: strict)",
     )
     group.add_argument(
         "--no-compiled-decode",
@@ -126,20 +136,28 @@ def prepare_speculation(args: argparse.Namespace, target: MlxAutoregressiveBindi
     return draft
 
 
+def apply_batch_exactness(args: argparse.Namespace, binding: MlxAutoregressiveBinding) -> None:
+    """Before any cache tier is built: relaxed KV is keyed by its own fingerprint."""
+    binding.use_batch_exactness(check_batch_exactness(args.batch_exactness))
+    if binding.batch_exactness == "relaxed":
+        logging.getLogger("mlxkv").warning(RELAXED_NOTICE)
+
+
 def cpu_kernels_from(args: argparse.Namespace) -> CpuKernels:
     return check_cpu_kernels(args.cpu_kernels)
 
 
-def runtime_info(binding: MlxAutoregressiveBinding | None, kernels: CpuKernels = "mlx") -> dict[str, str]:
-    """The matmul kernels and BLAS in use, for the start-up line and /health (`kernels`: those
-    models will load with, when none is loaded yet)."""
+def runtime_info(binding: MlxAutoregressiveBinding | None, kernels: CpuKernels = "mlx",
+                 exactness: str = "strict") -> dict[str, str]:
+    """The matmul kernels, BLAS and batch exactness in use, for the start-up line and /health
+    (`kernels`, `exactness`: those models will load with, when none is loaded yet)."""
     return {"cpu_kernels": describe_cpu_kernels(binding.cpu_kernels if binding is not None else kernels),
-            "blas": blas_description()}
+            "blas": blas_description(), "batch_exactness": binding.batch_exactness if binding is not None else exactness}
 
 
 def runtime_line(binding: MlxAutoregressiveBinding) -> str:
     info = runtime_info(binding)
-    return f"cpu kernels {info['cpu_kernels']}; BLAS {info['blas']}"
+    return f"cpu kernels {info['cpu_kernels']}; BLAS {info['blas']}; batch exactness {info['batch_exactness']}"
 
 
 def kv_scheme_from(args: argparse.Namespace) -> KvScheme:

@@ -20,13 +20,14 @@ from mlxkv_inference.models.embedded import EMBEDDED_MODEL_ID, embedded_model_pa
 from mlxkv_inference.scheduler.batch import DEFAULT_MAX_BATCH, STEP_MAX_ROWS
 from mlxkv_serve import ServeConfig, ServeEngine, bounded_http_protocol, build_app
 from mlxkv_serve.config import loopback_hosts
+from mlxkv_inference.batch_exactness import check_batch_exactness
 from mlxkv_remote_cache import safe_url
 from mlxkv_serve.responses_store import DiskResponseStore, MemoryResponseStore, ResponseStore
 
 from mlxkv.commands.adapter_options import add_adapter_options, load_adapters
 from mlxkv.commands.options import (
-    add_cache_options, add_model_options, add_prefill_option, add_speculative_options, base_params_from, cpu_kernels_from,
-    kv_scheme_from, prepare_speculation, runtime_info, speculative_params_from,
+    add_cache_options, add_model_options, add_prefill_option, add_speculative_options, apply_batch_exactness, base_params_from,
+    cpu_kernels_from, kv_scheme_from, prepare_speculation, runtime_info, speculative_params_from,
 )
 from mlxkv.commands.serve_models import add_models_options, build_router, memory_budget, several_models
 from mlxkv.engine.budgeted import BudgetedEngine
@@ -130,14 +131,14 @@ def run(args: argparse.Namespace) -> int:
         vocab_size=vocab_size, default_max_tokens=args.max_tokens, default_temperature=args.temp,
         default_top_p=args.top_p, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
         allowed_hosts=loopback_hosts(args.host), cors_origins=tuple(args.cors_origins), cpu_kernels=runtime["cpu_kernels"],
-        blas=runtime["blas"], keep_billing_header=args.keep_billing_header,
+        blas=runtime["blas"], batch_exactness=runtime["batch_exactness"], keep_billing_header=args.keep_billing_header,
     )
     app = build_app(engine, config, response_store(args))
     where = args.ssd_cache if args.ssd_cache is not None else "off"
     if args.remote_cache:
         where = f"{where}, shared through {safe_url(args.remote_cache)}"
-    log.info("serving %s on http://%s:%d (SSD cache: %s; cpu kernels %s; BLAS %s)", engine.model_id, args.host,
-             args.port, where, runtime["cpu_kernels"], runtime["blas"])
+    log.info("serving %s on http://%s:%d (SSD cache: %s; cpu kernels %s; BLAS %s; batch exactness %s)", engine.model_id,
+             args.host, args.port, where, runtime["cpu_kernels"], runtime["blas"], runtime["batch_exactness"])
     # NOTE: lifespan off: the app has no start-up or shutdown work (`run` closes the engine), and a
     # lifespan task cancelled by a SIGTERM is logged by Starlette as an ERROR traceback.
     server = GracefulServer(uvicorn.Config(
@@ -172,13 +173,14 @@ def load_engine(args: argparse.Namespace) -> tuple[ServeEngine, int, dict[str, s
             router.close(SHUTDOWN_TIMEOUT_S)
             raise
         # each model checks a request's token ids against its own vocabulary
-        return router, 1 << 31, runtime_info(None, cpu_kernels_from(args))
+        return router, 1 << 31, runtime_info(None, cpu_kernels_from(args), check_batch_exactness(args.batch_exactness))
     source = args.model[0] if args.model else None
     path = resolve_source(source)
     memory_budget(args).check_model(source or EMBEDDED_MODEL_ID, weights_on_disk(path or embedded_model_path()),
                                     args.prompt_cache_bytes)
     binding = load_binding(path, kv_scheme_from(args), cpu_kernels_from(args), digest_memo=weights_digest_memo(),
                            model_id=source if source and is_hub_id(source) else None)
+    apply_batch_exactness(args, binding)
     engine = build_engine(args, binding)
     load_adapters(args, engine.adapters)
     budgeted = BudgetedEngine(engine, memory_budget(args), resident=weights_on_disk(path or embedded_model_path())

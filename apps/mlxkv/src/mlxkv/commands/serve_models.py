@@ -8,7 +8,7 @@ from pathlib import Path
 from mlxkv_inference import load_binding
 from mlxkv_inference.models.embedded import embedded_model_path
 
-from mlxkv.commands.options import cpu_kernels_from, kv_scheme_from
+from mlxkv.commands.options import apply_batch_exactness, cpu_kernels_from, kv_scheme_from
 from mlxkv.engine.cache_services import token_kv_bytes
 from mlxkv.engine.memory import MemoryBudget, default_memory_budget, weights_on_disk
 from mlxkv.engine.model_sources import discover_cached, hub_offline, is_hub_id, parse_model_specs, resolve_source
@@ -82,6 +82,7 @@ def build_router(args: argparse.Namespace, specs: list[ModelSpec]) -> ModelRoute
         hub = spec.source is not None and is_hub_id(spec.source)
         binding = load_binding(path, kv_scheme_from(args), cpu_kernels_from(args), digest_memo=weights_digest_memo(),
                                model_id=spec.source if hub else None)
+        apply_batch_exactness(args, binding)
         engine = build_engine(per_model, binding)
         return LoadedModel(engine, estimate(spec), token_kv_bytes(binding), engine.context_length,
                            binding.tokenizer.vocab_size, engine.close)

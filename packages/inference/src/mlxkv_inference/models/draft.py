@@ -22,6 +22,12 @@ def layer_skip_draft(target: MlxAutoregressiveBinding, num_layers: int) -> MlxAu
         raise ValueError(f"{target.model_id}: cannot find the decoder layers to build a layer-skip draft from")
     if not 1 <= num_layers < len(layers):
         raise ValueError(f"draft layers={num_layers} is out of range; the model has {len(layers)} layers, allowed: [1, {len(layers) - 1}]")
+    # Gemma 3's graph takes its global layers' mask from layer `sliding_window_pattern` (the first
+    # global one), whatever the layer count: fewer layers fail at the first draft step.
+    pattern = getattr(inner, "sliding_window_pattern", None)
+    if isinstance(pattern, int) and not pattern <= num_layers < len(layers):
+        raise ValueError(f"draft layers={num_layers}: {target.model_id} reads the mask of its first global layer, "
+                         f"layer {pattern}; allowed: [{pattern}, {len(layers) - 1}]")
     truncated_inner = copy.copy(inner)
     truncated_inner.layers = layers[:num_layers]
     truncated = copy.copy(target.model)
