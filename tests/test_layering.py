@@ -91,4 +91,4 @@ def test_the_check_sees_a_circle_and_a_floor() -> None:
     assert find_cycle(graph) == ["p.a", "p.b", "p.c", "p.a"]
     assert find_cycle({"p.a": {"p.b"}, "p.b": set()}) is None
     assert floor(f"{PACKAGE}.cache.rounds") == "cache" and floor(f"{PACKAGE}.step_costs") == "step_costs"
-    assert f"{PACKAGE}.cache.rounds" in import_graph()[f"{PACKAGE}.binding"]
+    assert f"{PACKAGE}.cache.rounds" in import_graph()[f"{PACKAGE}.binding_probes"]

@@ -6,7 +6,6 @@ import gc
 import hashlib
 import json
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
@@ -30,15 +29,13 @@ from mlxkv_inference.native.layer import use_native_layers
 from mlxkv_inference.native.mlp import NATIVE_SWIGLU, use_native_swiglu
 from mlxkv_inference.native.norm import NATIVE_RMS_NORM, use_native_rms_norm
 from mlxkv_inference.cache.recurrent_replay import use_recurrent_replay
+from mlxkv_inference import binding_probes as probes
 from mlxkv_inference.batch_exactness import BatchExactness, exactness_fingerprint
-from mlxkv_inference.cache.rounds import Round, round_fits
 from mlxkv_inference.step_costs import StepCosts
 from mlxkv_inference.tokenizer.protocol import Tokenizer
 
 DEFAULT_PREFILL_CHUNK = 512
 PROBED_ROWS = 8  # batch sizes the first row-invariance probe covers
-PROBED_POSITIONS = 9  # positions the multi-position probe verifies in one forward
-CALIBRATION_CONTEXT = 64  # tokens in the caches the step-cost calibration runs over
 # What the config fingerprint records for the native path's sampling log-softmax: it shapes no KV,
 # but the tokens a resumed checkpoint continues with (sampling reads the log-probabilities).
 NATIVE_LOG_SOFTMAX = "log_softmax native/1"
@@ -202,12 +199,12 @@ class MlxAutoregressiveBinding:
         """Feed `tokens` in one forward and evaluate it (no logits kept), keeping MLX's buffer
         cache for the next step (a prompt's chunks release it: see `prefill`), unless `interrupt`
         stops the evaluation; returns the first layer left unevaluated (see `evaluate_layers`)."""
-        self._forward(mx.array(list(tokens))[None], caches)
+        self.forward(mx.array(list(tokens))[None], caches)
         return evaluate_layers(caches, interrupt)
 
     def decode(self, tokens: mx.array, caches: list[LayerCache]) -> mx.array:
         """Feed 1-D `tokens` through the ordinary graph; (1, vocab) float32 logits of the last one."""
-        logits = self._forward(tokens[None], caches)[:, -1, :]
+        logits = self.forward(tokens[None], caches)[:, -1, :]
         return logits if logits.dtype == mx.float32 else logits.astype(mx.float32)
 
     def decode_compiled(self, tokens: mx.array, caches: list[LayerCache]) -> mx.array | None:
@@ -223,7 +220,7 @@ class MlxAutoregressiveBinding:
 
     def decode_positions(self, tokens: mx.array, caches: list[LayerCache]) -> mx.array:
         """Feed 1-D `tokens` in one forward; (L, vocab) float32 logits of every position."""
-        logits = self._forward(tokens[None], caches)[0]
+        logits = self.forward(tokens[None], caches)[0]
         return logits if logits.dtype == mx.float32 else logits.astype(mx.float32)
 
     def verifies_positions(self) -> bool:
@@ -231,16 +228,16 @@ class MlxAutoregressiveBinding:
         decode steps do (probed once on scratch caches; speculative rounds need it)."""
         if self._positions_exact is None:
             try:
-                self._positions_exact = self._probe_positions()
+                self._positions_exact = probes.positions_agree(self)
                 if self._positions_exact:
-                    self._calibrate_step_costs()
+                    probes.calibrate_step_costs(self)
             except Exception as e:  # noqa: BLE001 - a probe that cannot run proves nothing: stay safe
                 log.warning("the multi-position probe failed (%s: %s): speculation stays off", type(e).__name__, e)
                 self._positions_exact = False
             if not self._positions_exact:
                 log.warning("a multi-token forward of this model differs from single steps: speculation stays off, "
                             "prompts prefill in whole chunks")
-            elif self._replays and not self._probe_replay():
+            elif self._replays and not probes.replay_agrees(self):
                 log.warning("replaying kept positions through the recurrent layers alone differs from feeding them "
                             "through the model: rolled-back rounds feed the model again")
                 self._replays = False
@@ -267,10 +264,10 @@ class MlxAutoregressiveBinding:
     def _settle_compiled_rounds(self) -> bool:
         """Probe the compiled rounds; where they run (plain caches), time the step sizes through
         them, as the rounds will run."""
-        exact = self.verifies_positions() and self._probe_compiled_positions()
+        exact = self.verifies_positions() and probes.compiled_positions_agree(self)
         if exact and all(isinstance(c, PlainKVCache) for c in self.make_cache()):
             scratch = CompiledDecoder(self.model)
-            self._calibrate_step_costs(lambda tokens, caches: scratch.step(tokens, caches))
+            probes.calibrate_step_costs(self, lambda tokens, caches: scratch.step(tokens, caches))
         elif not exact and self._positions_exact:
             log.warning("the compiled step over several positions differs from single compiled steps: "
                         "speculative rounds run uncompiled")
@@ -281,81 +278,6 @@ class MlxAutoregressiveBinding:
         """Whether a round's recurrent layers feed kept positions again by themselves (see
         `cache/recurrent_replay.py`), probed bitwise against feeding them through the model."""
         return self.verifies_positions() and self._replays
-
-    def _calibrate_step_costs(self, forward: Callable[[mx.array, list[LayerCache]], mx.array | None] | None = None) -> None:
-        """Seed `step_costs` with forwards of a few sizes (through `forward`, default the graph),
-        so the first speculative rounds are sized from this machine rather than a guess (decode
-        steps refine them as they run)."""
-        run = forward or (lambda tokens, caches: self._forward(tokens[None], caches))
-        caches = self.make_cache()
-        self._forward(mx.arange(CALIBRATION_CONTEXT)[None], caches)
-        mx.eval([c.state for c in caches])
-        for rows in (1, 2, 3, 5, PROBED_POSITIONS):
-            if round_fits(caches, rows, self.kv_scheme) < rows:
-                continue
-            best = float("inf")
-            for _ in range(2):
-                trial = [c.clone() for c in caches]  # recurrent state cannot be trimmed back
-                mx.eval([c.state for c in trial])
-                started = time.perf_counter()
-                logits = run(mx.arange(rows), trial)
-                if logits is None:
-                    return
-                mx.eval(logits)
-                best = min(best, time.perf_counter() - started)  # the first of a compiled size also traces
-            self.step_costs.replace(rows, best)
-
-    def _probe_round(self, seed: int) -> tuple[list[LayerCache], list[int]]:
-        """Scratch caches holding 3 random tokens, and the random tokens a round may feed next
-        there (at most `PROBED_POSITIONS`, as `round_fits` allows): what the probes compare."""
-        caches = self.make_cache()
-        tokens = [int(t) for t in mx.random.randint(0, self.tokenizer.vocab_size, (3 + PROBED_POSITIONS,), key=mx.random.key(seed))]
-        self._forward(mx.array(tokens[:3])[None], caches)
-        mx.eval([c.state for c in caches])
-        return caches, tokens[3 : 3 + round_fits(caches, PROBED_POSITIONS, self.kv_scheme)]
-
-    def _probe_positions(self) -> bool:
-        caches, fed = self._probe_round(7)
-        if len(fed) < 2:
-            return True  # no round could verify more than one position here (round_fits limits every round)
-        alone = [c.clone() for c in caches]
-        single = [self._forward(mx.array([[t]]), alone)[0, -1] for t in fed]
-        together = self._forward(mx.array(fed)[None], caches)[0]
-        return all(bool(mx.array_equal(together[i], single[i]).item()) for i in range(len(fed)))
-
-    def _probe_compiled_positions(self) -> bool:
-        """Feed positions through the compiled step at once and one by one on scratch caches;
-        whether every position's logits are bitwise equal (true where the caches are not all
-        plain: the compiled step then never takes several positions)."""
-        caches, fed = self._probe_round(9)
-        alone = [c.clone() for c in caches]
-        scratch = CompiledDecoder(self.model)  # its traces go with it: `--no-compiled-decode` keeps none
-        try:
-            together = scratch.step(mx.array(fed), caches)
-            if together is None:
-                return True
-            singles = [scratch.step(mx.array([token]), alone) for token in fed]
-        except Exception as e:  # noqa: BLE001 - a step that cannot trace is one rounds must not take
-            log.info("the compiled step over several positions does not run here (%s: %s)", type(e).__name__, e)
-            return False
-        return all(single is not None and bool(mx.array_equal(together[i], single[0]).item()) for i, single in enumerate(singles))
-
-    def _probe_replay(self) -> bool:
-        """Keep half of a round both ways on scratch caches; whether the states are bitwise equal."""
-        if not any(isinstance(c, RecurrentCache) for c in self.make_cache()):
-            return True
-        caches, fed = self._probe_round(8)
-        if len(fed) < 2:
-            return True  # no round verifies more than one position here: nothing is ever rolled back
-        states = []
-        for replay in (True, False):
-            trial = [c.clone() for c in caches]
-            kept = Round(trial, len(fed), replay)
-            self._forward(mx.array(fed)[None], trial)
-            kept.keep(len(fed) // 2, fed, self.feed)
-            states.append([c.state for c in trial if isinstance(c, RecurrentCache)])
-        return all(a is b or (a is not None and b is not None and bool(mx.array_equal(a, b).item()))
-                   for mine, theirs in zip(*states) for a, b in zip(mine, theirs))
 
     def use_batch_exactness(self, mode: BatchExactness) -> None:
         """Set before the first request and before any cache is keyed by `config_fingerprint`
@@ -395,7 +317,8 @@ class MlxAutoregressiveBinding:
             maybe_quantize(row, self.kv_scheme)
         return logits
 
-    def _forward(self, tokens: mx.array, caches: list[LayerCache]) -> mx.array:
+    def forward(self, tokens: mx.array, caches: list[LayerCache]) -> mx.array:
+        """(1, L) tokens through the model over `caches` (adapters applied): (1, L, vocab) logits."""
         with self.adapters.applied([caches], [tokens.shape[1]]):
             logits = _mlx_lm.forward(self.model, tokens, list(caches))
         for cache in caches:
