@@ -72,8 +72,9 @@ class Generation:
         self._prefill = PromptPrefill(binding, self._run, seq, params.prefill_chunk, snapshot_at, on_snapshot, on_prefill_progress)
         self._checkpoints = CheckpointSchedule(checkpoint_every, on_checkpoint)
         self._drafting = Drafting(binding, seq, self._checkpoints, params.speculative, draft)
-        self._ahead = RunAhead(binding, self._run, seq, self._checkpoints, self._drafting, self._take)
         self._timer = StepTimer()
+        self._take = _taker(binding, params, seq, self._checkpoints, self._timer)
+        self._ahead = RunAhead(binding, self._run, seq, self._checkpoints, self._drafting, self._take)
         self._round_rows = 0  # positions the open step feeds
         self._drawn: Drawn | None = None  # a plain step's sampling graph, drawn before `accept`
         self.result: GenerationResult | None = None
@@ -293,14 +294,20 @@ class Generation:
             return self._run.sample_round(logits)
         return [self._run.take(drawn) if drawn is not None else self._run.sample(logits)]
 
-    def _take(self, step: TokenStep) -> list[TextDelta]:
-        n = self._seq.emitted
-        self._checkpoints.note(n, self._seq.yielded, step)
+
+def _taker(binding: MlxAutoregressiveBinding, params: GenerationParams, seq: SequenceState, checkpoints: CheckpointSchedule,
+           timer: StepTimer) -> Callable[[TokenStep], list[TextDelta]]:
+    """Taking a produced token into `seq`. A closure over the parts, not a bound method: `RunAhead`
+    holds it, and a cycle back to the `Generation` would keep its caches alive until the collector runs."""
+    def take(step: TokenStep) -> list[TextDelta]:
+        n = seq.emitted
+        checkpoints.note(n, seq.yielded, step)
         if n == 0:
-            self._timer.first_token()
+            timer.first_token()
         if n % 256 == 255:
             mx.clear_cache()
-        return self._seq.take(step, step.token in self._binding.eos_token_ids and not self._params.ignore_eos)
+        return seq.take(step, step.token in binding.eos_token_ids and not params.ignore_eos)
+    return take
 
 
 def _make_run(binding: MlxAutoregressiveBinding, seq: SequenceState, params: GenerationParams) -> SequenceRun:
