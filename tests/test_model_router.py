@@ -14,7 +14,7 @@ import pytest
 from mlxkv.engine.budgeted import BudgetedEngine
 from mlxkv.engine.local_engine import LocalEngine
 from mlxkv.engine.memory import MemoryBudget
-from mlxkv.engine.models import LoadedModel, ModelRouter, ModelSpec
+from mlxkv.engine.models import LoadedModel, ModelPolicy, ModelRouter, ModelSpec
 from mlxkv_serve import ModelCatalog, ServeConfig, ServeEngine, build_app
 from tests.bindings import GatedBinding
 from tests.factories import TINY_VOCAB, make_tiny_binding
@@ -35,8 +35,8 @@ def tiny_loader(gate: dict[str, threading.Event], loads: list[str]) -> Callable[
 
 
 def make_router(loader: Callable[[ModelSpec], LoadedModel], ttl_s: float = 0.0) -> ModelRouter:
-    return ModelRouter([ModelSpec("a", None), ModelSpec("b", None)], loader, max_models=2,
-                       budget=MemoryBudget(1 << 30), estimate=lambda spec: 1 << 20, ttl_s=ttl_s)
+    return ModelRouter([ModelSpec("a", None), ModelSpec("b", None)], loader, ModelPolicy(max_models=2, ttl_s=ttl_s),
+                       budget=MemoryBudget(1 << 30), estimate=lambda spec: 1 << 20)
 
 
 @pytest.fixture

@@ -243,9 +243,11 @@ class ServeEngine(Protocol):
 class CachedPrefix:
     """How much of a prompt an engine holds now: what a router needs to send it where it is hot."""
 
-    prompt_tokens: int
+    prompt_tokens: int | None  # None: not known (a server with several models, asked about one not loaded)
     cached_tokens: int
     tier: str | None  # "ram", "ssd" or "remote" (a shared tier); None when nothing is held
+    model: str | None = None  # on a server with several models: the one that answered
+    state: str | None = None  # and its state ("loaded", "unloaded", ...: see `ModelInfo`)
 
 
 @runtime_checkable
@@ -298,6 +300,7 @@ class ModelInfo:
     state: str
     pinned: bool = False
     error: str | None = None
+    health: str | None = None  # a loaded model's own health ("ok" or "degraded"); None when not loaded
 
 
 @runtime_checkable

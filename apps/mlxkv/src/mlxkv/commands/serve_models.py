@@ -12,7 +12,7 @@ from mlxkv.commands.options import apply_batch_exactness, cpu_kernels_from, kv_s
 from mlxkv.engine.cache_services import token_kv_bytes
 from mlxkv.engine.memory import MemoryBudget, default_memory_budget, weights_on_disk
 from mlxkv.engine.model_sources import discover_cached, hub_offline, is_hub_id, parse_model_specs, resolve_source
-from mlxkv.engine.models import LoadedModel, ModelRouter, ModelSpec
+from mlxkv.engine.models import LoadedModel, ModelPolicy, ModelRouter, ModelSpec
 from mlxkv.paths import parse_size, weights_digest_memo
 
 
@@ -87,5 +87,5 @@ def build_router(args: argparse.Namespace, specs: list[ModelSpec]) -> ModelRoute
         return LoadedModel(engine, estimate(spec), token_kv_bytes(binding), engine.context_length,
                            binding.tokenizer.vocab_size, engine.close)
 
-    return ModelRouter(specs, load, max_models=max_models, budget=memory_budget(args), estimate=estimate,
-                       default=args.default_model, pinned=tuple(args.pin), ttl_s=args.model_ttl, discover=discover_cached)
+    policy = ModelPolicy(max_models, pinned=tuple(args.pin), default=args.default_model, ttl_s=args.model_ttl)
+    return ModelRouter(specs, load, policy, budget=memory_budget(args), estimate=estimate, discover=discover_cached)
