@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding
 from mlxkv_inference.generation.cached_generation import CachedGenerator
@@ -60,23 +61,22 @@ class EngineOptions:
             raise ValueError(f"max batch KV bytes={self.max_batch_kv_bytes} must be >= 0 (0: no limit)")
 
 
+class EngineKeywords(TypedDict, total=False):
+    """`EngineOptions`' fields as `LocalEngine`'s keywords (mypy checks each call's names and types)."""
+
+    context_length: int | None
+    checkpoint_every: int
+    base_params: GenerationParams
+    max_queue: int
+    max_batch: int
+    max_batch_kv_bytes: int
+    prefill_step_s: float
+
+
 class LocalEngine:
-    def __init__(
-        self,
-        binding: MlxAutoregressiveBinding,
-        tiers: TieredPromptCache | None,
-        *,
-        context_length: int | None = None,
-        ssd: CheckpointStore | None = None,
-        checkpoint_every: int = 0,
-        base_params: GenerationParams = GenerationParams(),
-        max_queue: int = DEFAULT_MAX_QUEUE,
-        max_batch: int = DEFAULT_MAX_BATCH,
-        max_batch_kv_bytes: int = 0,
-        draft: MlxAutoregressiveBinding | None = None,
-        prefill_step_s: float = 0.0,
-        remote: RemoteStatus | None = None,
-    ) -> None:
+    def __init__(self, binding: MlxAutoregressiveBinding, tiers: TieredPromptCache | None, *, ssd: CheckpointStore | None = None,
+                 draft: MlxAutoregressiveBinding | None = None, remote: RemoteStatus | None = None,
+                 **options: Unpack[EngineKeywords]) -> None:
         """`ssd` is the tiers' SSD store (for its stats and for checkpoints); with
         `checkpoint_every` > 0 a generation's state is written behind every so many tokens, and an
         identical request after a crash continues from it. `base_params` gives what a request does
@@ -87,24 +87,23 @@ class LocalEngine:
         speculating in mode "draft" (base_params.speculative holds the server's defaults).
         `prefill_step_s` bounds a step's prefill time (see `BatchScheduler`). `remote`: the shared
         tier under the SSD, for /health and the cache stats."""
-        self.options = EngineOptions(context_length, checkpoint_every, base_params, max_queue, max_batch,
-                                     max_batch_kv_bytes, prefill_step_s)
+        self.options = opts = EngineOptions(**options)
         self.binding = binding
         self.tiers = tiers
-        self.context_length = context_length or int(binding.config.get("max_position_embeddings") or 4096)
-        self._checkpoints = CheckpointWriter(ssd) if ssd is not None and checkpoint_every > 0 else None
+        self.context_length = opts.context_length or int(binding.config.get("max_position_embeddings") or 4096)
+        self._checkpoints = CheckpointWriter(ssd) if ssd is not None and opts.checkpoint_every > 0 else None
         self._report = CacheReport(tiers, ssd, self._checkpoints, remote)
         self._statuses = StatusBook()
         self._jobs = JobQueue()
         identity = KvIdentity(binding.model_id, binding.tokenizer_hash, binding.config_fingerprint)
         self.adapters = AdapterRegistry(binding.adapters, binding.model_id)  # what requests may select
-        self._preparer = RequestPreparer(binding.tokenizer, identity, self.context_length, base_params, draft is not None)
+        self._preparer = RequestPreparer(binding.tokenizer, identity, self.context_length, opts.base_params, draft is not None)
         generator = CachedGenerator(binding, tiers, draft)
         self._answers = Answers(binding.tokenizer, self._statuses, generator, self._checkpoints)
-        scheduler = BatchScheduler(binding, max_batch=max_batch, prefill_budget=base_params.prefill_chunk,
-                                   prefill_step_s=prefill_step_s)
-        admission: Admission[Job] = Admission(max_batch, max_batch_kv_bytes, tiers)
-        checkpointing = Checkpointing(ssd if self._checkpoints is not None else None, checkpoint_every, self._save_checkpoint)
+        scheduler = BatchScheduler(binding, max_batch=opts.max_batch, prefill_budget=opts.base_params.prefill_chunk,
+                                   prefill_step_s=opts.prefill_step_s)
+        admission: Admission[Job] = Admission(opts.max_batch, opts.max_batch_kv_bytes, tiers)
+        checkpointing = Checkpointing(ssd if self._checkpoints is not None else None, opts.checkpoint_every, self._save_checkpoint)
         self._worker = Worker(binding, self._jobs, scheduler, admission, generator, self._answers, self._statuses, checkpointing)
 
     @property
@@ -136,7 +135,7 @@ class LocalEngine:
         handle = Handle(uuid.uuid4().hex[:24], len(prompt), asyncio.get_running_loop())
         self._statuses.remember(GenerationStatus(handle.generation_id, time.time(), len(prompt)))
         self._jobs.put(Job(handle, prompt, prepared.history_end, prepared.params, request.top_logprobs, prepared.key,
-                           prepared.tools, request.messages is not None, adapters=adapters))
+                           prepared.tools, prepared.think, adapters=adapters))
         return handle
 
     async def count_tokens(self, request: GenerateRequest) -> int:
