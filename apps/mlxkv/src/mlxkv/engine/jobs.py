@@ -24,6 +24,9 @@ from mlxkv.engine.tool_calls import ToolUse
 KEEP_STATES = 1000
 
 Status = Literal["queued", "running", "finished", "cancelled", "failed"]
+# Where a chat answer of a reasoning model starts, known at preparation: "none" (not a chat, or the
+# model does not think), "may_open" (the answer may open a think section), "inside" (the prompt did).
+ThinkStart = Literal["none", "may_open", "inside"]
 
 
 @dataclass(slots=True)
@@ -103,7 +106,7 @@ class Job:
     top_logprobs: int | None
     key: str
     tools: ToolUse = ToolUse(())
-    chat: bool = False  # a templated chat: a reasoning model's think section is sent apart
+    think: ThinkStart = "none"  # a reasoning model's chat answer: its think section is sent apart
     submitted: float = field(default_factory=time.perf_counter)
     trail: LogprobTrail | None = None  # the logprobs sent so far, when the request asked for them
     adapters: AdapterStack = AdapterStack()  # what it runs under: their digests are its cache namespace

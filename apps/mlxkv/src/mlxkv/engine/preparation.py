@@ -13,7 +13,8 @@ from mlxkv_serve import GenerateRequest, PromptTooLongError, Speculation
 from mlxkv_ssd_cache import KvIdentity
 
 from mlxkv.engine.checkpoints import request_key
-from mlxkv.engine.reasoning import think_tags
+from mlxkv.engine.jobs import ThinkStart
+from mlxkv.engine.reasoning import starts_thinking, think_tags
 from mlxkv.engine.thinking import think_plan
 from mlxkv.engine.tool_calls import ToolUse, chat_messages, template_tools, think_grammar, tool_use
 from mlxkv.engine.tool_formats import model_tool_format
@@ -26,6 +27,7 @@ class Prepared:
     params: GenerationParams
     key: str  # the request key its checkpoints are kept under
     tools: ToolUse
+    think: ThinkStart  # where the answer starts as to a think section (the worker's stream splits it out)
 
 
 class RequestPreparer:
@@ -64,7 +66,8 @@ class RequestPreparer:
             compile_grammar(grammar, self._tokenizer)  # a grammar that does not compile is the caller's 400
         params = replace(self.base_params, max_tokens=max_tokens, sampling=sampling, stop=request.stop, grammar=grammar,
                          speculative=self._speculation(request.speculative))
-        return Prepared(prompt, history_end, params, request_key(self._identity, ns, prompt, params, request.top_logprobs), tools)
+        return Prepared(prompt, history_end, params, request_key(self._identity, ns, prompt, params, request.top_logprobs), tools,
+                        self._think_start(request, prompt))
 
     def encode(self, request: GenerateRequest, tools: ToolUse) -> tuple[list[int], int | None]:
         """(prompt tokens, where the chat's history ends in them)."""
@@ -93,6 +96,11 @@ class RequestPreparer:
         if request.constraint is not None:
             return Grammar(request.constraint.kind, request.constraint.source)
         return think_grammar(plan) if plan is not None and plan.budget is not None and plan.budget < max_tokens else None
+
+    def _think_start(self, request: GenerateRequest, prompt: list[int]) -> ThinkStart:
+        if request.messages is None or self._think is None:
+            return "none"
+        return "inside" if starts_thinking(self._think, prompt) else "may_open"
 
     def _speculation(self, asked: Speculation) -> SpeculativeParams:
         """The request's `speculative` field over the server's defaults (a 400 when it asks for a
