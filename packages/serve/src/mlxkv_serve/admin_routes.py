@@ -7,7 +7,7 @@ import asyncio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from mlxkv_serve.engine import HealthReporting
+from mlxkv_serve.engine import HealthReporting, ModelCatalog
 from mlxkv_serve.errors import RequestError
 from mlxkv_serve.metrics import CONTENT_TYPE
 from mlxkv_serve.state import ServerState
@@ -18,8 +18,12 @@ async def health(request: Request) -> Response:
     config = state.config
     # "degraded" still answers 200: the server serves, only slower (a load balancer keeps it)
     status = state.engine.health() if isinstance(state.engine, HealthReporting) else "ok"
-    return JSONResponse({"status": status, "model": state.engine.model_id, "cpu_kernels": config.cpu_kernels,
-                         "blas": config.blas, "batch_exactness": config.batch_exactness})
+    body: dict[str, object] = {"status": status, "model": state.engine.model_id, "cpu_kernels": config.cpu_kernels,
+                               "blas": config.blas, "batch_exactness": config.batch_exactness}
+    if isinstance(state.engine, ModelCatalog):  # several models: each one's state and its own status
+        body["models"] = [{"name": m.name, "state": m.state, "status": m.health, "pinned": m.pinned, "error": m.error}
+                          for m in state.engine.models()]
+    return JSONResponse(body)
 
 
 async def metrics(request: Request) -> Response:
