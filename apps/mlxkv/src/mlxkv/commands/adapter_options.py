@@ -1,22 +1,35 @@
-"""`--adapter NAME=PATH` (repeatable) for `serve` and `generate`."""
+"""`--adapter NAME=PATH` (repeatable) for `serve` and `generate`; with several models `serve`
+binds each adapter to one: `--adapter MODEL:NAME=PATH` (a bare NAME=PATH goes to --default-model)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
-from mlxkv.engine.adapters import AdapterRegistry, parse_adapter_option
+from mlxkv.engine.adapters import AdapterRegistry, check_name, parse_adapter_option
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class AdapterOption:
+    """One `--adapter`: `model` is the registered model it is bound to (None: the one served)."""
+
+    name: str
+    path: Path
+    model: str | None = None
+
+
 def add_adapter_options(parser: argparse.ArgumentParser, *, server: bool) -> None:
     how = ("a request selects it by its model (NAME or <model id>:NAME, NAME+NAME2 to stack) or by mlx_lm.server's "
-           "'adapters' field" if server else "given twice or more, the adapters are stacked in order")
+           "'adapters' field; with several models, MODEL:NAME=PATH binds it to the model MODEL (a request names it "
+           "MODEL:NAME) and NAME=PATH to --default-model" if server else "given twice or more, the adapters are stacked in order")
     group = parser.add_argument_group("adapters")
     group.add_argument(
-        "--adapter", action="append", type=parse_adapter_option, default=[], metavar="NAME=PATH",
+        "--adapter", action="append", type=parse_bound_adapter if server else _plain_adapter, default=[],
+        metavar="[MODEL:]NAME=PATH" if server else "NAME=PATH",
         help=f"an mlx-lm LoRA/DoRA adapter directory (adapter_config.json, adapters.safetensors), repeatable; {how}")
     if server:
         group.add_argument("--adapter-dir", action="append", type=Path, default=[], metavar="DIR",
@@ -24,10 +37,49 @@ def add_adapter_options(parser: argparse.ArgumentParser, *, server: bool) -> Non
                            "repeatable (default: none, the route answers 403)")
 
 
-def load_adapters(args: argparse.Namespace, registry: AdapterRegistry) -> None:
-    """Load the command line's adapters (an unreadable one, or one for another model, stops the command)."""
+def parse_bound_adapter(value: str) -> AdapterOption:
+    """`[MODEL:]NAME=PATH`; ValueError naming the bad value."""
+    named, sep, path = value.partition("=")
+    model, colon, name = named.rpartition(":")
+    if not sep or not path or (colon and not model):
+        raise ValueError(f"--adapter takes NAME=PATH or MODEL:NAME=PATH, not {value!r}")
+    return AdapterOption(check_name(name), Path(path).expanduser(), model or None)
+
+
+def bind_adapters(options: list[AdapterOption], models: list[str], default: str | None) -> dict[str, list[AdapterOption]]:
+    """Each registered model's adapters (several models); ValueError for an adapter bound to no
+    registered model, or a bare one without --default-model."""
+    bound: dict[str, list[AdapterOption]] = {name: [] for name in models}
+    for option in options:
+        model = option.model or default
+        if model is None:
+            raise ValueError(f"--adapter {option.name}={option.path}: with several models, bind it to one "
+                             f"(--adapter MODEL:{option.name}=PATH, MODEL one of {', '.join(models)}) or set --default-model")
+        if model not in bound:
+            raise ValueError(f"--adapter {model}:{option.name}: no model is registered as {model!r} "
+                             f"(registered: {', '.join(models)})")
+        bound[model].append(option)
+    return bound
+
+
+def check_unbound(options: list[AdapterOption]) -> None:
+    """One model: an adapter bound to a model by name is a mistake (ValueError)."""
+    for option in options:
+        if option.model is not None:
+            raise ValueError(f"--adapter {option.model}:{option.name}=...: MODEL: binds an adapter to one of several "
+                             f"models; with one --model give {option.name}=PATH")
+
+
+def load_adapters(args: argparse.Namespace, registry: AdapterRegistry, options: list[AdapterOption] | None = None) -> None:
+    """Load `options` (default: the command line's adapters) into `registry`; an unreadable one,
+    or one for another model, raises (`AdapterLoadError`, `AdapterMismatchError`)."""
     registry.allowed_dirs = tuple(d.expanduser().resolve() for d in getattr(args, "adapter_dir", []))
-    for name, path in args.adapter:
-        named = registry.add(name, path)
-        log.info("adapter %s: %s (%s, rank %d, %d layers; cache namespace %s)", name, path, named.adapter.kind,
+    for option in args.adapter if options is None else options:
+        named = registry.add(option.name, option.path)
+        log.info("adapter %s: %s (%s, rank %d, %d layers; cache namespace %s)", option.name, option.path, named.adapter.kind,
                  named.adapter.rank, len(named.adapter.layers), named.adapter.digest[:8])
+
+
+def _plain_adapter(value: str) -> AdapterOption:
+    name, path = parse_adapter_option(value)
+    return AdapterOption(name, path)

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         prompt, history_end = chat.tokens, chat.history_end
     tiers, _ = build_tiers(binding, ram_bytes=args.prompt_cache_bytes, ssd_dir=args.ssd_cache, ssd_bytes=args.ssd_cache_max)
     generator = CachedGenerator(binding, tiers, draft)
-    stack = adapters.select(None, [name for name, _ in args.adapter])
+    stack = adapters.select(None, [option.name for option in args.adapter])
     generation = generator.start(prompt, params, stack, history_end=history_end, on_prefill_progress=progress.prefill)
     try:
         for delta in generation:

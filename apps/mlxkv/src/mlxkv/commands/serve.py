@@ -24,7 +24,7 @@ from mlxkv_inference.batch_exactness import check_batch_exactness
 from mlxkv_remote_cache import safe_url
 from mlxkv_serve.responses_store import DiskResponseStore, MemoryResponseStore, ResponseStore
 
-from mlxkv.commands.adapter_options import add_adapter_options, load_adapters
+from mlxkv.commands.adapter_options import add_adapter_options, check_unbound, load_adapters
 from mlxkv.commands.options import (
     add_cache_options, add_model_options, add_prefill_option, add_speculative_options, apply_batch_exactness, base_params_from,
     cpu_kernels_from, kv_scheme_from, prepare_speculation, runtime_info, speculative_params_from,
@@ -164,8 +164,6 @@ def load_engine(args: argparse.Namespace) -> tuple[ServeEngine, int, dict[str, s
     one model loaded now, or several behind a router that loads each on demand."""
     specs = several_models(args)
     if specs is not None:
-        if args.adapter:
-            raise ValueError("--adapter applies to one base model: serve adapters with a single --model")
         router = build_router(args, specs)
         try:
             router.load_pinned()
@@ -174,6 +172,7 @@ def load_engine(args: argparse.Namespace) -> tuple[ServeEngine, int, dict[str, s
             raise
         # each model checks a request's token ids against its own vocabulary
         return router, 1 << 31, runtime_info(None, cpu_kernels_from(args), check_batch_exactness(args.batch_exactness))
+    check_unbound(args.adapter)
     source = args.model[0] if args.model else None
     path = resolve_source(source)
     memory_budget(args).check_model(source or EMBEDDED_MODEL_ID, weights_on_disk(path or embedded_model_path()),
