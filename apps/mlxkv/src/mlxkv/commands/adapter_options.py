@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def add_adapter_options(parser: argparse.ArgumentParser, *, server: bool) -> Non
            "MODEL:NAME) and NAME=PATH to --default-model" if server else "given twice or more, the adapters are stacked in order")
     group = parser.add_argument_group("adapters")
     group.add_argument(
-        "--adapter", action="append", type=parse_bound_adapter if server else _plain_adapter, default=[],
+        "--adapter", action="append", type=_argument(parse_bound_adapter if server else _plain_adapter), default=[],
         metavar="[MODEL:]NAME=PATH" if server else "NAME=PATH",
         help=f"an mlx-lm LoRA/DoRA adapter directory (adapter_config.json, adapters.safetensors), repeatable; {how}")
     if server:
@@ -83,3 +84,13 @@ def load_adapters(args: argparse.Namespace, registry: AdapterRegistry, options: 
 def _plain_adapter(value: str) -> AdapterOption:
     name, path = parse_adapter_option(value)
     return AdapterOption(name, path)
+
+
+def _argument(parse: Callable[[str], AdapterOption]) -> Callable[[str], AdapterOption]:
+    """`parse` for argparse: its ValueError's message is the error shown (not "invalid value")."""
+    def parse_argument(value: str) -> AdapterOption:
+        try:
+            return parse(value)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse_argument
