@@ -38,8 +38,11 @@ def test_an_adapter_bound_to_one_of_several_models_answers_as_on_its_one_model_s
     with serving(serve_args(*two_models(models, "--adapter", f"a:sql={models['sql']}"))) as (url, _):
         adapted, base = answer(complete(url, "a:sql")), answer(complete(url, "a"))
         unknown = complete(url, "a:nope")
+        listed = [(m["id"], m["state"]) for m in httpx.get(url + "/v1/models").json()["data"]]
+        retrieved = httpx.get(url + "/v1/models/a:sql").json()
     assert (adapted, base) == (("a", alone[0], 0), ("a", alone[1], 0))  # the adapter's KV is its own namespace
     assert alone[0] != alone[1]
+    assert listed == [("a", "loaded"), ("a:sql", "loaded"), ("b", "unloaded")] and retrieved["id"] == "a:sql"
     assert unknown.status_code == 404 and unknown.json()["error"]["message"] == (
         "no adapter named 'nope' is loaded (in 'model'); loaded: sql")
 
@@ -73,4 +76,4 @@ def test_an_adapter_of_another_base_fails_its_models_load_and_the_other_keeps_se
     assert failed.status_code == 503
     message = failed.json()["error"]["message"]
     assert message.startswith("the model 'b' failed to load: AdapterMismatchError: ") and "(trained on tiny-other)" in message
-    assert served.status_code == 200 and listed == {"a": "loaded", "b": "failed"}
+    assert served.status_code == 200 and listed == {"a": "loaded", "b": "failed", "b:o": "failed"}

@@ -301,6 +301,7 @@ class ModelInfo:
     pinned: bool = False
     error: str | None = None
     health: str | None = None  # a loaded model's own health ("ok" or "degraded"); None when not loaded
+    adapters: tuple[str, ...] = ()  # its adapters' names (a request selects one as `<name>:ADAPTER`)
 
 
 @runtime_checkable

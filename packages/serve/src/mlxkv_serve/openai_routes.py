@@ -30,7 +30,7 @@ async def models(request: Request) -> Response:
     """The served model and its adapters, or, on a server with several, each model with its state (loaded or not)."""
     state: ServerState = request.app.state.mlxkv
     if isinstance(state.engine, ModelCatalog):
-        return JSONResponse({"object": "list", "data": [_listed(state, info) for info in state.engine.models()]})
+        return JSONResponse({"object": "list", "data": _catalog(state, state.engine)})
     return JSONResponse({"object": "list", "data": [_model(state, name) for name in _served_ids(state)]})
 
 
@@ -39,11 +39,11 @@ async def model(request: Request) -> Response:
     state: ServerState = request.app.state.mlxkv
     asked = request.path_params["model_id"]
     if isinstance(state.engine, ModelCatalog):
-        found = [info for info in state.engine.models() if info.name == asked]
+        found = [listed for listed in _catalog(state, state.engine) if listed["id"] == asked]
         if not found:
             raise RequestError(404, f"the model '{asked}' does not exist; this server serves "
                                f"{', '.join(repr(i.name) for i in state.engine.models())}", "model", "model_not_found")
-        return JSONResponse(_listed(state, found[0]))
+        return JSONResponse(found[0])
     if asked not in _served_ids(state):
         raise RequestError(404, f"the model '{asked}' does not exist; this server serves '{state.engine.model_id}'",
                            "model", "model_not_found")
@@ -61,8 +61,14 @@ def _model(state: ServerState, model_id: str) -> dict[str, object]:
     return {"id": model_id, "object": "model", "created": state.started, "owned_by": "mlxkv"}
 
 
-def _listed(state: ServerState, info: ModelInfo) -> dict[str, object]:
-    listed: dict[str, object] = {"id": info.name, "object": "model", "created": state.started, "owned_by": "mlxkv",
+def _catalog(state: ServerState, catalog: ModelCatalog) -> list[dict[str, object]]:
+    """Each model with its state, then each of its adapters as `<name>:ADAPTER` (in its model's state)."""
+    return [entry for info in catalog.models()
+            for entry in (_listed(state, info), *(_listed(state, info, f"{info.name}:{a}") for a in info.adapters))]
+
+
+def _listed(state: ServerState, info: ModelInfo, model_id: str | None = None) -> dict[str, object]:
+    listed: dict[str, object] = {"id": model_id or info.name, "object": "model", "created": state.started, "owned_by": "mlxkv",
                                  "state": info.state, "pinned": info.pinned}
     if info.error is not None:
         listed["error"] = info.error

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from mlxkv_inference import load_binding
@@ -73,6 +74,7 @@ def build_router(args: argparse.Namespace, specs: list[ModelSpec]) -> ModelRoute
                                       "ssd_cache_max": args.ssd_cache_max // len(specs)})
 
     adapters = bind_adapters(args.adapter, [s.name for s in specs], args.default_model)
+    specs = [replace(s, adapters=tuple(a.name for a in adapters[s.name])) for s in specs]
     # NOTE: read now: loading an mlx-lm directory sets HF_HUB_OFFLINE for mlx-lm's own lookups
     offline = hub_offline()
 

@@ -16,6 +16,7 @@ class ModelSpec:
 
     name: str
     source: str | None
+    adapters: tuple[str, ...] = ()  # the names of the adapters bound to it (`--adapter MODEL:NAME=PATH`)
 
     def __post_init__(self) -> None:
         if not self.name.strip():
