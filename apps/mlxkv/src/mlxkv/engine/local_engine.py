@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding
 from mlxkv_inference.generation.cached_generation import CachedGenerator
-from mlxkv_inference.generation.generate import CheckpointState
+from mlxkv_inference.generation.results import CheckpointState
 from mlxkv_inference.prompt_cache import TieredPromptCache
 from mlxkv_inference.scheduler.admission import Admission
 from mlxkv_inference.scheduler.batch import DEFAULT_MAX_BATCH, BatchScheduler
