@@ -15,7 +15,7 @@ from mlxkv_inference.generation.loop import SequenceRun, TokenStep
 from mlxkv_inference.generation.sampling import SamplingParams, make_sampler, step_key
 from mlxkv_inference.errors import ModelLoadError, UnsupportedModelError
 from mlxkv_inference.models.embedded import EMBEDDED_MODEL_ID, embedded_model_path
-from mlxkv_inference.models.loader import load_binding
+from mlxkv_inference.load import load_binding
 from mlxkv_inference.tokenizer.protocol import Message, Tokenizer
 
 __all__ = [
