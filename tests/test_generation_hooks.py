@@ -17,9 +17,9 @@ def test_hooks_and_their_keyword_fields_call_back_alike() -> None:
     binding = make_tiny_binding("llama")
     prompt = make_prompt(12)
     params = GenerationParams(max_tokens=10, ignore_eos=True)
-    calls: dict[str, list[object]] = {"hooks": [], "keywords": []}
+    calls: dict[str, list[tuple[object, ...]]] = {"hooks": [], "keywords": []}
 
-    def recorder(into: list[object]) -> GenerationHooks:
+    def recorder(into: list[tuple[object, ...]]) -> GenerationHooks:
         def snapshot(tokens: Sequence[int], caches: list[LayerCache]) -> None:
             into.append(("snapshot", len(tokens)))
 
