@@ -13,7 +13,7 @@ from mlxkv.engine.checkpoints import request_key
 from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, SamplingParams
 from mlxkv_inference.adapters import AdapterStack, load_adapter
 from mlxkv_inference.generation.cached_generation import CachedGenerator
-from mlxkv_inference.generation.generate import CheckpointState, ResumePoint
+from mlxkv_inference.generation.results import CheckpointState, ResumePoint
 from mlxkv_inference.prompt_cache import TieredPromptCache
 from tests.adapter_factories import write_random_adapter
 from mlxkv_state.header import GenerationCheckpoint

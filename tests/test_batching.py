@@ -17,9 +17,12 @@ import pytest
 from mlxkv_inference import Generation, GenerationParams, Grammar, MlxAutoregressiveBinding, SamplingParams
 from mlxkv_inference.binding import Interrupt
 from mlxkv_inference.cache.factory import LayerCache
-from mlxkv_inference.generation.generate import ResumePoint
-from mlxkv_inference.scheduler.batch import STEP_MAX_ROWS, MAX_PASSED_OVER, BatchScheduler
-from mlxkv_inference.speculative.speculation import SpeculativeParams, StepCosts
+from mlxkv_inference.generation.results import ResumePoint
+from mlxkv_inference.scheduler.decode_step import STEP_MAX_ROWS
+from mlxkv_inference.scheduler.prefill_plan import MAX_PASSED_OVER
+from mlxkv_inference.scheduler.batch import BatchScheduler
+from mlxkv_inference.speculative.speculation import SpeculativeParams
+from mlxkv_inference.step_costs import StepCosts
 from mlxkv_inference.native.batched import decode_batch, rows_invariant
 from tests.factories import greedy_token, make_prompt, make_tiny_binding
 

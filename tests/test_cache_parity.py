@@ -11,7 +11,7 @@ import pytest
 from mlxkv_inference import Generation, GenerationParams, KvScheme, MlxAutoregressiveBinding
 from mlxkv_inference._mlx_lm import mlx_lm_step_tokens
 from mlxkv_inference.cache.quantized import QuantizedKVCache
-from mlxkv_inference.speculative.speculation import Round
+from mlxkv_inference.cache.rounds import Round
 from tests.factories import greedy_token, make_prompt, make_tiny_binding
 
 # head_dim 64 so the tiny model's keys split into whole quantization groups.

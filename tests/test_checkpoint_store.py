@@ -15,7 +15,7 @@ from mlxkv.engine.cache_services import open_cold_tier
 from mlxkv.engine.checkpoints import CheckpointStore, RestoredCheckpoint
 from mlxkv.engine.jobs import Job as _Job
 from mlxkv.engine.local_engine import LocalEngine
-from mlxkv_inference.generation.generate import CheckpointState
+from mlxkv_inference.generation.results import CheckpointState
 from mlxkv_serve import Delta, Finished, GenerateRequest, Sampling, Speculation
 from mlxkv_ssd_cache.layout import identity_key
 from mlxkv_state.header import GenerationCheckpoint

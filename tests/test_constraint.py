@@ -10,7 +10,7 @@ import pytest
 
 from mlxkv_inference import Generation, GenerationParams, Grammar, GrammarConstraint, SamplingParams, compile_grammar
 from mlxkv_inference.cache.reuse import clone_trimmed
-from mlxkv_inference.generation.generate import CheckpointState, ResumePoint
+from mlxkv_inference.generation.results import CheckpointState, ResumePoint
 from mlxkv.engine.checkpoints import request_key
 from tests.factories import EOS_ID, TINY_VOCAB, ByteTokenizer, make_identity, make_prompt, make_tiny_binding
 

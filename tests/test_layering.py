@@ -13,7 +13,7 @@ import pytest
 PACKAGE = "mlxkv_inference"
 SOURCE = Path(__file__).resolve().parents[1] / "packages" / "inference" / "src" / PACKAGE
 LOWER = ("binding", "native", "cache", "models")  # the model and its caches
-HIGHER = ("generation", "scheduler", "speculative", "prompt_cache")  # what acts on them
+HIGHER = ("generation", "scheduler", "speculative", "prompt_cache", "load")  # what acts on them, what loads them
 
 
 def module_name(path: Path) -> str:

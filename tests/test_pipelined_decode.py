@@ -15,9 +15,11 @@ import pytest
 from mlxkv_inference import Generation, GenerationParams, Grammar, MlxAutoregressiveBinding, SamplingParams
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.reuse import covered_tokens
-from mlxkv_inference.generation.generate import CheckpointState
-from mlxkv_inference.scheduler.batch import BatchScheduler, StepOutcome
-from mlxkv_inference.speculative.speculation import SpeculativeParams, StepCosts
+from mlxkv_inference.generation.results import CheckpointState
+from mlxkv_inference.scheduler.batch import BatchScheduler
+from mlxkv_inference.scheduler.outcome import StepOutcome
+from mlxkv_inference.speculative.speculation import SpeculativeParams
+from mlxkv_inference.step_costs import StepCosts
 from tests.factories import make_prompt, make_tiny_binding
 from tests.test_prefill_interrupt import states
 

@@ -14,7 +14,8 @@ import pytest
 from mlxkv.engine.local_engine import LocalEngine
 from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, SamplingParams
 from mlxkv_inference.binding import Fed, Interrupt, evaluate_layers
-from mlxkv_inference.scheduler.batch import STEP_MAX_ROWS, BatchScheduler
+from mlxkv_inference.scheduler.decode_step import STEP_MAX_ROWS
+from mlxkv_inference.scheduler.batch import BatchScheduler
 from mlxkv_serve import Delta, Finished, GenerateRequest, Sampling
 from tests.bindings import GatedBinding
 from tests.factories import make_prompt, make_tiny_binding

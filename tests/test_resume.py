@@ -8,7 +8,7 @@ import pytest
 
 from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, SamplingParams
 from mlxkv_inference.cache.reuse import clone_trimmed
-from mlxkv_inference.generation.generate import CheckpointState, ResumePoint
+from mlxkv_inference.generation.results import CheckpointState, ResumePoint
 from mlxkv_ssd_cache import SsdCacheStore
 from mlxkv_state.header import GenerationCheckpoint
 from tests.factories import make_identity, make_prompt, make_tiny_binding

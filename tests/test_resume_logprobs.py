@@ -14,7 +14,7 @@ from mlxkv.engine.cache_services import SsdColdTier, open_cold_tier
 from mlxkv.engine.jobs import Job as _Job
 from mlxkv.engine.local_engine import LocalEngine
 from mlxkv_inference import MlxAutoregressiveBinding
-from mlxkv_inference.generation.generate import CheckpointState
+from mlxkv_inference.generation.results import CheckpointState
 from mlxkv_serve import Delta, Finished, GenerateRequest, Sampling, TokenLogprob
 from mlxkv_ssd_cache import SsdCacheStore
 from mlxkv_state.errors import StateError

@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 
 from mlxkv_inference import Generation, GenerationParams, SamplingParams, step_key
-from mlxkv_inference.generation.generate import ResumePoint
+from mlxkv_inference.generation.results import ResumePoint
 from tests.factories import make_prompt, make_tiny_binding
 
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, seed=1234)

@@ -11,10 +11,12 @@ import pytest
 
 from mlxkv_inference import Generation, GenerationParams, KvScheme, MlxAutoregressiveBinding, SamplingParams
 from mlxkv_inference.cache.reuse import covered_tokens
-from mlxkv_inference.generation.generate import GenerationResult
+from mlxkv_inference.generation.results import GenerationResult
 from mlxkv_inference.speculative.proposers import PromptLookup
 from mlxkv_inference.scheduler.batch import BatchScheduler
-from mlxkv_inference.speculative.speculation import SpeculativeMode, SpeculativeParams, StepCosts, round_fits
+from mlxkv_inference.speculative.speculation import SpeculativeMode, SpeculativeParams
+from mlxkv_inference.step_costs import StepCosts
+from mlxkv_inference.cache.rounds import round_fits
 from mlxkv_inference.speculative.speculator import COPY_RUN, Speculator
 from mlxkv_inference.models.draft import layer_skip_draft
 from tests.factories import count_fed_tokens, make_prompt, make_tiny_binding
@@ -132,7 +134,7 @@ def test_a_round_stops_where_the_generation_does() -> None:
 
 
 def test_checkpoints_taken_during_speculation_resume_exactly() -> None:
-    from mlxkv_inference.generation.generate import CheckpointState, ResumePoint
+    from mlxkv_inference.generation.results import CheckpointState, ResumePoint
 
     binding = _binding("plain")
     prompt = repetitive_prompt(30)
@@ -151,7 +153,7 @@ def test_checkpoints_taken_during_speculation_resume_exactly() -> None:
 def test_draft_checkpoints_keep_the_draft_caches_and_resume_without_reading_the_history_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from mlxkv_inference.cache.reuse import frozen_copy
-    from mlxkv_inference.generation.generate import CheckpointState, ResumePoint
+    from mlxkv_inference.generation.results import CheckpointState, ResumePoint
 
     binding = _binding("plain")
     # The target's weights as a model of its own (a layer-skip draft copies the target's KV): its
@@ -252,7 +254,7 @@ def test_a_layer_skip_draft_copies_the_targets_first_layers_instead_of_reading_t
 
 def test_recurrent_rounds_roll_back_through_the_recurrent_layers_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     from mlxkv_inference.cache.recurrent import RecurrentCache
-    from mlxkv_inference.speculative.speculation import Round
+    from mlxkv_inference.cache.rounds import Round
 
     binding = _binding("recurrent")
     assert binding.replays_recurrence

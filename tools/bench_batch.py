@@ -22,7 +22,8 @@ import time
 from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding, SamplingParams, load_binding  # first: the BLAS shim precedes mlx
 
 from mlxkv_inference.generation.generate import Generation  # noqa: E402
-from mlxkv_inference.scheduler.batch import STEP_MAX_ROWS, BatchScheduler  # noqa: E402
+from mlxkv_inference.scheduler.decode_step import STEP_MAX_ROWS  # noqa: E402
+from mlxkv_inference.scheduler.batch import BatchScheduler  # noqa: E402
 from mlxkv_inference.speculative.speculation import SpeculativeParams  # noqa: E402
 from mlxkv_inference.native.kernels import default_cpu_kernels  # noqa: E402
 from mlxkv_inference.tokenizer.chat import encode_chat  # noqa: E402

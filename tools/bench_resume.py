@@ -14,7 +14,7 @@ from pathlib import Path
 from mlxkv.engine.cache_services import SsdColdTier
 from mlxkv.engine.checkpoints import CheckpointWriter
 from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, SamplingParams, load_binding
-from mlxkv_inference.generation.generate import CheckpointState, ResumePoint
+from mlxkv_inference.generation.results import CheckpointState, ResumePoint
 from mlxkv_ssd_cache import KvIdentity, SsdCacheStore
 from mlxkv_state.header import GenerationCheckpoint
 from tools.bench_generate import time_stream

@@ -34,10 +34,11 @@ import sys
 from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, SamplingParams, load_binding  # first: the BLAS shim precedes mlx
 
 from mlxkv.paths import default_cache_dir  # noqa: E402, I001
-from mlxkv_inference.generation.generate import GenerationResult
+from mlxkv_inference.generation.results import GenerationResult
 from mlxkv_inference.models.gemma3_270m import gemma3_270m_path
 from mlxkv_inference.speculative.proposers import PromptLookup
-from mlxkv_inference.speculative.speculation import SpeculativeParams, StepCosts
+from mlxkv_inference.speculative.speculation import SpeculativeParams
+from mlxkv_inference.step_costs import StepCosts
 from mlxkv_inference.speculative.speculator import Speculator
 from mlxkv_inference.models.draft import layer_skip_draft
 from mlxkv_inference.tokenizer.chat import encode_chat

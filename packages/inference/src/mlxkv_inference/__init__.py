@@ -9,12 +9,13 @@ from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBind
 from mlxkv_inference.kv_scheme import DEFAULT_QUANTIZED_KV_START, KvScheme
 from mlxkv_inference.generation.constraint import Grammar, GrammarConstraint, compile_grammar
 from mlxkv_inference.generation.detokenizer import IncrementalDetokenizer
-from mlxkv_inference.generation.generate import Generation, GenerationParams, GenerationResult, TextDelta
+from mlxkv_inference.generation.generate import Generation
+from mlxkv_inference.generation.results import GenerationParams, GenerationResult, TextDelta
 from mlxkv_inference.generation.loop import SequenceRun, TokenStep
 from mlxkv_inference.generation.sampling import SamplingParams, make_sampler, step_key
 from mlxkv_inference.errors import ModelLoadError, UnsupportedModelError
 from mlxkv_inference.models.embedded import EMBEDDED_MODEL_ID, embedded_model_path
-from mlxkv_inference.models.loader import load_binding
+from mlxkv_inference.load import load_binding
 from mlxkv_inference.tokenizer.protocol import Message, Tokenizer
 
 __all__ = [

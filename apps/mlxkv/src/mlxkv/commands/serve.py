@@ -17,7 +17,8 @@ import uvicorn
 
 from mlxkv_inference import MlxAutoregressiveBinding, load_binding
 from mlxkv_inference.models.embedded import EMBEDDED_MODEL_ID, embedded_model_path
-from mlxkv_inference.scheduler.batch import DEFAULT_MAX_BATCH, STEP_MAX_ROWS
+from mlxkv_inference.scheduler.batch import DEFAULT_MAX_BATCH
+from mlxkv_inference.scheduler.decode_step import STEP_MAX_ROWS
 from mlxkv_serve import ServeConfig, ServeEngine, bounded_http_protocol, build_app
 from mlxkv_serve.config import loopback_hosts
 from mlxkv_inference.batch_exactness import check_batch_exactness

@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 
 from mlxkv_inference.generation.cached_generation import CachedGenerator
-from mlxkv_inference.generation.generate import TextDelta
+from mlxkv_inference.generation.results import TextDelta
 from mlxkv_inference.tokenizer.protocol import Tokenizer
 from mlxkv_serve import Delta, Failed, Finished, TokenLogprob
 

@@ -19,7 +19,7 @@ from typing import TypedDict, Unpack
 
 from mlxkv_inference import GenerationParams, MlxAutoregressiveBinding
 from mlxkv_inference.generation.cached_generation import CachedGenerator
-from mlxkv_inference.generation.generate import CheckpointState
+from mlxkv_inference.generation.results import CheckpointState
 from mlxkv_inference.prompt_cache import TieredPromptCache
 from mlxkv_inference.scheduler.admission import Admission
 from mlxkv_inference.scheduler.batch import DEFAULT_MAX_BATCH, BatchScheduler

@@ -11,7 +11,7 @@ import mlx.core as mx
 
 from mlxkv_inference import TokenStep
 from mlxkv_inference.generation.constraint import llg_tokenizer
-from mlxkv_inference.generation.generate import CheckpointState
+from mlxkv_inference.generation.results import CheckpointState
 from mlxkv_inference.tokenizer.protocol import Tokenizer
 from mlxkv_serve import TokenLogprob
 from mlxkv_state.header import TokenLogprobs

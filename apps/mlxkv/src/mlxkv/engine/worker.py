@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 
 from mlxkv_inference import MlxAutoregressiveBinding
 from mlxkv_inference.generation.cached_generation import CachedGenerator
-from mlxkv_inference.generation.generate import CheckpointState, Generation, ResumePoint
+from mlxkv_inference.generation.results import CheckpointState, ResumePoint
+from mlxkv_inference.generation.generate import Generation
 from mlxkv_inference.prompt_cache import ColdRestored
 from mlxkv_inference.scheduler.admission import Admission
 from mlxkv_inference.scheduler.batch import BatchScheduler

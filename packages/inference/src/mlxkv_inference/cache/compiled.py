@@ -1,7 +1,7 @@
 """The compiled decode step: one token, or a speculative round's positions on plain caches.
 
 One `mx.compile`d function runs embed -> layers -> norm -> logits with every layer's cache
-replaced by a decode slot. Buffers, RoPE offsets and ring write positions are inputs, so the
+replaced by a stand-in (`cache/stand_ins.py`). Buffers, RoPE offsets and ring write positions are inputs, so the
 trace is reused across steps and generations; it is keyed by the caches' (signature, phase) and
 the positions fed, and MLX retraces by itself only when an input shape changes (a buffer grew).
 """
@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxkv_inference import _mlx_lm
-from mlxkv_inference.cache.contract import DecodeSlot
+from mlxkv_inference.cache.contract import DecodeStandIn
 from mlxkv_inference.cache.factory import LayerCache
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,8 @@ class CompiledDecoder:
         inputs = [c.decode_inputs(p) for c, p in ready]
         key: StepKey = (rows, tuple((c.signature(), p.phase, len(i)) for (c, p), i in zip(ready, inputs)))
         if key not in self._steps:
-            slots: list[DecodeSlot] = [c.decode_slot(p) for c, p in ready]
-            self._steps[key] = (self._build(slots, [len(i) for i in inputs]), [s.num_outputs for s in slots])
+            stand_ins: list[DecodeStandIn] = [c.decode_stand_in(p) for c, p in ready]
+            self._steps[key] = (self._build(stand_ins, [len(i) for i in inputs]), [s.num_outputs for s in stand_ins])
         fn, counts = self._steps[key]
         shapes = hash((key, tuple(tuple(a.shape) for group in inputs for a in group)))
         self.traced = shapes not in self._shapes  # MLX traces a call whose input shapes are new
@@ -73,18 +73,18 @@ class CompiledDecoder:
             rest = rest[n:]
         return logits
 
-    def _build(self, slots: list[DecodeSlot], sizes: list[int]) -> StepFn:
+    def _build(self, stand_ins: list[DecodeStandIn], sizes: list[int]) -> StepFn:
         model = self._model
 
         def run(tokens: mx.array, *flat: mx.array) -> list[mx.array]:
             at = 0
-            for slot, n in zip(slots, sizes):
-                slot.bind(list(flat[at : at + n]))
+            for stand_in, n in zip(stand_ins, sizes):
+                stand_in.bind(list(flat[at : at + n]))
                 at += n
-            logits = _mlx_lm.forward(model, tokens, list(slots))[0]
+            logits = _mlx_lm.forward(model, tokens, list(stand_ins))[0]
             if logits.dtype != mx.float32:
                 logits = logits.astype(mx.float32)
-            return [logits, *(o for slot in slots for o in slot.outputs())]
+            return [logits, *(o for stand_in in stand_ins for o in stand_in.outputs())]
 
         compiled: StepFn = mx.compile(run)
         return compiled

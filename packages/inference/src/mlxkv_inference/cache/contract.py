@@ -4,11 +4,11 @@ A cache declares a stable storage identity (`signature()`), how far it can be tr
 the compiled decode step drives it:
 
     plan = cache.prepare_decode_step(rows)  # eager: grow/rotate buffers, pick the write index
-    slot = cache.decode_slot(plan)          # what the model sees inside the compiled step
-    slot.bind(cache.decode_inputs(plan))    # per-step arrays: buffers, RoPE offset, write index
+    stand_in = cache.decode_stand_in(plan)  # what the model sees as its cache inside the compiled step
+    stand_in.bind(cache.decode_inputs(plan))  # per-step arrays: buffers, RoPE offset, write index
     ...
-    ... model(tokens, cache=slots) ...      # traced once per (signatures, phases, rows, shapes)
-    cache.commit_decode_step(plan, slot.outputs())
+    ... model(tokens, cache=stand_ins) ...  # traced once per (signatures, phases, rows, shapes)
+    cache.commit_decode_step(plan, stand_in.outputs())
 
 A cache that cannot say what it is is never persisted or routed by guess.
 """
@@ -28,7 +28,7 @@ class CacheTrimError(ValueError):
 
 
 class CompiledStepUnsupported(RuntimeError):
-    """The model asked a decode slot for something the compiled step cannot express; the
+    """The model asked a decode stand-in for something the compiled step cannot express; the
     generation falls back to the ordinary graph."""
 
 
@@ -45,7 +45,7 @@ class DecodePlan:
 
 
 @runtime_checkable
-class DecodeSlot(Protocol):
+class DecodeStandIn(Protocol):
     """A cache stand-in the model updates inside the compiled step (array offsets, fixed shapes)."""
 
     @property
@@ -84,7 +84,7 @@ class CompiledDecodeCache(Protocol):
         or more rows than this kind's compiled step feeds: only plain caches take several)."""
         ...
 
-    def decode_slot(self, plan: DecodePlan) -> DecodeSlot: ...
+    def decode_stand_in(self, plan: DecodePlan) -> DecodeStandIn: ...
 
     def decode_inputs(self, plan: DecodePlan) -> list[mx.array]: ...
 

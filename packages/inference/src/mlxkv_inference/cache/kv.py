@@ -11,7 +11,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlxkv_inference.cache.contract import CacheTrimError, DecodePhase, DecodePlan
-from mlxkv_inference.cache.slots import KvDecodeSlot, PlainKvDecodeSlot
+from mlxkv_inference.cache.stand_ins import KvStandIn, PlainKvStandIn
 
 STEP = 256
 
@@ -89,8 +89,8 @@ class PlainKVCache(_DenseBuffers):
         assert self.keys is not None
         return DecodePlan("concat", self.keys.shape[2], self.offset, self.offset, rows)
 
-    def decode_slot(self, plan: DecodePlan) -> KvDecodeSlot:
-        return PlainKvDecodeSlot(plan)
+    def decode_stand_in(self, plan: DecodePlan) -> KvStandIn:
+        return PlainKvStandIn(plan)
 
     def decode_inputs(self, plan: DecodePlan) -> list[mx.array]:
         assert self.keys is not None and self.values is not None
@@ -246,8 +246,8 @@ class RotatingKVCache(_DenseBuffers):
         assert self.keys is not None
         return DecodePlan(self.decode_phase(), self.keys.shape[2], self._idx, self.offset)
 
-    def decode_slot(self, plan: DecodePlan) -> KvDecodeSlot:
-        return KvDecodeSlot(plan)
+    def decode_stand_in(self, plan: DecodePlan) -> KvStandIn:
+        return KvStandIn(plan)
 
     def decode_inputs(self, plan: DecodePlan) -> list[mx.array]:
         assert self.keys is not None and self.values is not None

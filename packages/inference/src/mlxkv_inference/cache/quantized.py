@@ -13,7 +13,7 @@ import mlx.core as mx
 
 from mlxkv_inference.cache.contract import CacheTrimError, DecodePhase, DecodePlan
 from mlxkv_inference.cache.kv import STEP, PlainKVCache, causal_mask
-from mlxkv_inference.cache.slots import QuantizedDecodeSlot
+from mlxkv_inference.cache.stand_ins import QuantizedKvStandIn
 
 Triple = tuple[mx.array, mx.array, mx.array]
 
@@ -108,8 +108,8 @@ class QuantizedKVCache:
         assert self.keys is not None
         return DecodePlan("concat", self.keys[0].shape[2], self.offset, self.offset)
 
-    def decode_slot(self, plan: DecodePlan) -> QuantizedDecodeSlot:
-        return QuantizedDecodeSlot(plan, self.group_size, self.bits)
+    def decode_stand_in(self, plan: DecodePlan) -> QuantizedKvStandIn:
+        return QuantizedKvStandIn(plan, self.group_size, self.bits)
 
     def decode_inputs(self, plan: DecodePlan) -> list[mx.array]:
         assert self.keys is not None and self.values is not None

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import mlx.core as mx
 
 from mlxkv_inference.cache.contract import CacheTrimError, DecodePhase, DecodePlan
-from mlxkv_inference.cache.slots import RecurrentDecodeSlot
+from mlxkv_inference.cache.stand_ins import RecurrentStandIn
 
 
 class RecurrentCache:
@@ -86,8 +86,8 @@ class RecurrentCache:
             return None
         return DecodePlan("ring", 0, 0, self.offset)
 
-    def decode_slot(self, plan: DecodePlan) -> RecurrentDecodeSlot:
-        return RecurrentDecodeSlot(len(self.cache))
+    def decode_stand_in(self, plan: DecodePlan) -> RecurrentStandIn:
+        return RecurrentStandIn(len(self.cache))
 
     def decode_inputs(self, plan: DecodePlan) -> list[mx.array]:
         states = [c for c in self.cache if c is not None]

@@ -3,15 +3,16 @@ prompt while prefilling, publish the settled state afterwards."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from mlxkv_inference.adapters.bank import namespace_of
 from mlxkv_inference.adapters.files import AdapterStack
 from mlxkv_inference.binding import MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.reuse import all_trimmable
-from mlxkv_inference.generation.generate import CheckpointState, Generation, GenerationParams, ResumePoint
-from mlxkv_inference.generation.loop import PrefillProgress
+from mlxkv_inference.generation.generate import Generation
+from mlxkv_inference.generation.hooks import GenerationHooks, OnCheckpoint, PrefillProgress
+from mlxkv_inference.generation.results import GenerationParams, ResumePoint
 from mlxkv_inference.prompt_cache.cold_tier import ColdRestored
 from mlxkv_inference.prompt_cache.tiered import Fetched, TieredPromptCache
 
@@ -36,7 +37,7 @@ class CachedGenerator:
         resume: tuple[list[LayerCache], ResumePoint] | None = None,
         read: ColdRestored | None = None,
         checkpoint_every: int = 0,
-        on_checkpoint: Callable[[CheckpointState], None] | None = None,
+        on_checkpoint: OnCheckpoint | None = None,
         on_prefill_progress: PrefillProgress | None = None,
     ) -> Generation:
         """A generation whose caches start from the longest cached prefix of `prompt`.
@@ -53,20 +54,18 @@ class CachedGenerator:
         one whose cached prefixes it reuses, and the one it publishes its states under.
         """
         if resume is not None:
-            return Generation(self.binding, prompt, params, caches=self._tagged(resume[0], adapters), resume=resume[1],
-                              checkpoint_every=checkpoint_every, on_checkpoint=on_checkpoint, draft=self.draft)
+            hooks = GenerationHooks(checkpoint_every=checkpoint_every, on_checkpoint=on_checkpoint)
+            return Generation(self.binding, prompt, params, self._tagged(resume[0], adapters), resume=resume[1],
+                              draft=self.draft, hooks=hooks)
         ns = adapters.ns
         fetched = self.tiers.fetch(prompt, ns, read) if self.tiers is not None else Fetched(None, 0, None)
         points = [len(prompt) - 1] + ([history_end] if history_end is not None else [])
-        return Generation(
-            self.binding, prompt, params, caches=self._tagged(fetched.caches, adapters),
+        hooks = GenerationHooks(
             snapshot_at=points if self.tiers is not None else (),
             on_snapshot=lambda tokens, caches: self._snapshot(tokens, caches, ns),
-            checkpoint_every=checkpoint_every,
-            on_checkpoint=on_checkpoint,
-            on_prefill_progress=on_prefill_progress,
-            draft=self.draft,
+            checkpoint_every=checkpoint_every, on_checkpoint=on_checkpoint, on_prefill_progress=on_prefill_progress,
         )
+        return Generation(self.binding, prompt, params, self._tagged(fetched.caches, adapters), draft=self.draft, hooks=hooks)
 
     def settle(self, generation: Generation) -> None:
         """Publish the state a finished (or stopped) generation left in its caches (under the

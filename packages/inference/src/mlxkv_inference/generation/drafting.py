@@ -51,7 +51,7 @@ class Drafting:
         spec = self._speculating
         if spec is not None:
             drafts = spec.drafts(self._sequence.history(), self._limit(spec, produced), sequences, sequences, pipelining=True)
-            assert not drafts, "runs_ahead found that this step drafts nothing"
+            assert not drafts, "RunAhead.may_run found that this step drafts nothing"
 
     def close(self, produced: list[int] | None) -> None:
         """Close the open round: what its step produced (None: no step ran) goes to the adaptive length."""

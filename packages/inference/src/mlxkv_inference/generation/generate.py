@@ -5,32 +5,23 @@
     Drafting        a speculative round's drafts                (drafting.py)
     RunAhead        pipelined steps' tokens in flight           (run_ahead.py)
     CheckpointSchedule, StepTimer                               (checkpoints.py, timing.py)
+
+built and wired once from the parameters (assembly.py); what it calls back: hooks.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Unpack
 
 import mlx.core as mx
 
 from mlxkv_inference.binding import Interrupt, MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
-from mlxkv_inference.generation.checkpoints import CheckpointSchedule
-from mlxkv_inference.generation.constraint import GrammarConstraint
-from mlxkv_inference.generation.detokenizer import IncrementalDetokenizer
-from mlxkv_inference.generation.drafting import Drafting
-from mlxkv_inference.generation.logits import context_window, make_logits_processors
-from mlxkv_inference.generation.loop import Decoder, Drawn, PrefillProgress, SequenceRun, TokenStep
-from mlxkv_inference.generation.prefill import OnSnapshot, PromptPrefill
-from mlxkv_inference.generation.run_ahead import RunAhead
-from mlxkv_inference.generation.results import (CheckpointState, FinishReason, GenerationParams, GenerationResult,
-                                                ResumePoint, TextDelta)
-from mlxkv_inference.generation.sampling import choose_seed, make_sampler
-from mlxkv_inference.generation.sequence import SequenceState
-from mlxkv_inference.generation.timing import StepTimer
-
-__all__ = ["CheckpointState", "FinishReason", "Generation", "GenerationParams", "GenerationResult", "ResumePoint",
-           "TextDelta"]
+from mlxkv_inference.generation.assembly import assemble
+from mlxkv_inference.generation.hooks import GenerationHooks, HookFields, hooks_from
+from mlxkv_inference.generation.loop import Drawn, TokenStep
+from mlxkv_inference.generation.results import GenerationParams, GenerationResult, ResumePoint, TextDelta
 
 
 class Generation:
@@ -40,8 +31,9 @@ class Generation:
 
     Generated token ids exclude the EOS token and any token after a stop string. The one way to
     continue a generation is `resume`: its caches already hold the prompt and the generated tokens.
-    `on_snapshot(tokens, caches)` is called at each of the prompt's `snapshot_at` points with
-    caches holding `tokens`, or, where the prompt's rest rode in a decode step (`join`), holding
+    `hooks` (`GenerationHooks`, or its fields as keywords: `snapshot_at=`, `on_checkpoint=`, ...)
+    are what it calls back: `on_snapshot(tokens, caches)` at each of the prompt's `snapshot_at`
+    points with caches holding `tokens`, or, where the prompt's rest rode in a decode step (`join`), holding
     the whole prompt: trimmable caches, whose first `len(tokens)` positions are the snapshot.
     """
 
@@ -52,29 +44,24 @@ class Generation:
         params: GenerationParams,
         caches: list[LayerCache] | None = None,
         *,
-        snapshot_at: Sequence[int] = (),
-        on_snapshot: OnSnapshot | None = None,
         resume: ResumePoint | None = None,
-        checkpoint_every: int = 0,
-        on_checkpoint: Callable[[CheckpointState], None] | None = None,
-        on_prefill_progress: PrefillProgress | None = None,
         draft: MlxAutoregressiveBinding | None = None,
+        hooks: GenerationHooks | None = None,
+        **hook_fields: Unpack[HookFields],
     ) -> None:
+        parts = assemble(binding, prompt, params, caches, hooks_from(hooks, hook_fields), resume, draft)
         self._binding = binding
-        self._params = params
-        seed = params.sampling.seed if params.sampling.seed is not None else choose_seed()
-        self._seq = seq = SequenceState(prompt, caches if caches is not None else binding.make_cache(), seed,
-                                        params.max_tokens, IncrementalDetokenizer(binding.tokenizer, params.stop), resume)
-        self.seed, self.caches, self.cached_tokens = seed, seq.caches, seq.cached_tokens  # cached: a prompt cache hit
+        self._seq = seq = parts.sequence
+        self.seed, self.caches, self.cached_tokens = seq.seed, seq.caches, seq.cached_tokens  # cached: a prompt cache hit
         self.prompt = seq.prompt  # the prompt and, resumed, the tokens generated before the restart
-        self._run = _make_run(binding, seq, params)
-        self._decoder = Decoder(binding, seq.caches, params.compiled_decode)
-        self._prefill = PromptPrefill(binding, self._run, seq, params.prefill_chunk, snapshot_at, on_snapshot, on_prefill_progress)
-        self._checkpoints = CheckpointSchedule(checkpoint_every, on_checkpoint)
-        self._drafting = Drafting(binding, seq, self._checkpoints, params.speculative, draft)
-        self._timer = StepTimer()
-        self._take = _taker(binding, params, seq, self._checkpoints, self._timer)
-        self._ahead = RunAhead(binding, self._run, seq, self._checkpoints, self._drafting, self._take)
+        self._run = parts.run
+        self._decoder = parts.decoder
+        self._prefill = parts.prefill
+        self._checkpoints = parts.checkpoints
+        self._drafting = parts.drafting
+        self._timer = parts.timer
+        self._take = parts.take
+        self.ahead = parts.ahead  # a pipelined step's tokens in flight: a scheduler feeds and reads them
         self._round_rows = 0  # positions the open step feeds
         self._drawn: Drawn | None = None  # a plain step's sampling graph, drawn before `accept`
         self.result: GenerationResult | None = None
@@ -236,40 +223,22 @@ class Generation:
         self._drafting.close([s.token for s in steps[:taken]] if logits is not None else None)
         return deltas
 
-    # -- pipelined steps: the next token fed before it is read ------------------------------
-    def runs_ahead(self, sequences: int) -> bool:
-        """Whether a pipelined step may feed the next token before the one in flight is read (`RunAhead.may_run`)."""
-        return self.needs_step and self._ahead.may_run(sequences)
-
+    # -- pipelined steps: the next token fed before it is read (through `ahead`) ----------------
     @property
     def ahead_ends(self) -> bool:
         """Whether reading the tokens in flight reaches max_tokens (nothing more to feed)."""
-        return self.in_flight > 0 and self._ahead.produced >= self._seq.max_new
+        return self.ahead.ends
 
     @property
     def in_flight(self) -> int:
         """Tokens a pipelined step drew and fed on, not read yet."""
-        return len(self._ahead)
-
-    def ahead_input(self, sequences: int) -> mx.array:
-        """The (1,) token a pipelined step feeds: the last one drawn (`RunAhead.input`)."""
-        return self._ahead.input(sequences)
-
-    def draw_ahead(self, logits: mx.array) -> list[mx.array]:
-        """Build the sampling of the token after `ahead_input()` from its (1, vocab) `logits`
-        and feed on with it: the arrays to evaluate (asynchronously; `read_ahead` reads it)."""
-        return self._ahead.draw(logits)
-
-    def read_ahead(self) -> list[TextDelta]:
-        """Read the oldest token in flight and take it (as `accept` takes a plain step's); where
-        the generation ends on it, `finish` drops the tokens fed after it."""
-        return self._ahead.read()
+        return len(self.ahead)
 
     def finish(self) -> list[TextDelta]:
         """End the generation (cancelled, if it was not done): set `result`; the held-back text."""
         if not self.done:
             self._seq.stop("cancelled")
-        self._ahead.land()
+        self.ahead.land()
         tail = self._seq.detokenizer.finish()
         self._timer.end()
         self.result = self._seq.result(self._timer.rates(len(self.prompt) - self.cached_tokens, self._seq.decoded),
@@ -294,29 +263,3 @@ class Generation:
             return self._run.sample_round(logits)
         return [self._run.take(drawn) if drawn is not None else self._run.sample(logits)]
 
-
-def _taker(binding: MlxAutoregressiveBinding, params: GenerationParams, seq: SequenceState, checkpoints: CheckpointSchedule,
-           timer: StepTimer) -> Callable[[TokenStep], list[TextDelta]]:
-    """Taking a produced token into `seq`. A closure over the parts, not a bound method: `RunAhead`
-    holds it, and a cycle back to the `Generation` would keep its caches alive until the collector runs."""
-    def take(step: TokenStep) -> list[TextDelta]:
-        n = seq.emitted
-        checkpoints.note(n, seq.yielded, step)
-        if n == 0:
-            timer.first_token()
-        if n % 256 == 255:
-            mx.clear_cache()
-        return seq.take(step, step.token in binding.eos_token_ids and not params.ignore_eos)
-    return take
-
-
-def _make_run(binding: MlxAutoregressiveBinding, seq: SequenceState, params: GenerationParams) -> SequenceRun:
-    """The AR loop over `seq`: its sampler, logits processors and grammar, from where a resumed
-    sequence stands (its replayed tokens fed, its pending token next)."""
-    sampling, replayed = params.sampling, seq.replayed
-    constraint = GrammarConstraint(params.grammar, binding.tokenizer, replay=replayed) if params.grammar is not None else None
-    return SequenceRun(
-        binding, seq.prompt, seq.caches, sampler=make_sampler(sampling, seq.seed, binding.native_sampler),
-        processors=make_logits_processors(sampling), context_window=context_window(sampling), first_step=len(replayed),
-        pending=seq.resume.pending if seq.resume is not None else None, constraint=constraint,
-    )

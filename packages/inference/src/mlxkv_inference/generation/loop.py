@@ -27,8 +27,6 @@ from mlxkv_inference.generation.sampling import Sampler
 
 log = logging.getLogger(__name__)
 
-# Called with (tokens prefilled, tokens to prefill): first (0, total), then after every chunk.
-PrefillProgress = Callable[[int, int], None]
 # A step's sampled token (1,) and log-probabilities (1, vocab), as graphs (see `SequenceRun.draw`).
 Drawn = tuple[mx.array, mx.array]
 
@@ -41,6 +39,18 @@ class TokenStep:
     token: int
     step: int
     logprobs: mx.array
+
+
+@dataclass(frozen=True, slots=True)
+class StepSampling:
+    """How each step's logits become its token: the grammar's mask (`constraint`, which consumes
+    each token fed after the prompt), the `processors` over the last `context_window` tokens
+    seen, then the `sampler`."""
+
+    sampler: Sampler
+    processors: Sequence[LogitsProcessor] = ()
+    context_window: int = 0
+    constraint: GrammarConstraint | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,23 +69,12 @@ class SequenceRun:
     step from the logits of feeding `decode_input()` (the caller runs the model, alone or batched).
 
     Step indices start at `first_step` (the sampler derives each step's key from it).
-    `constraint` masks every step's logits to what its grammar allows; it consumes each token
-    fed after the prompt (a resumed one's replayed tokens are its own to replay).
+    `sampling.constraint` masks every step's logits to what its grammar allows (a resumed
+    sequence's replayed tokens are its own to replay).
     """
 
-    def __init__(
-        self,
-        binding: MlxAutoregressiveBinding,
-        prompt: Sequence[int],
-        caches: list[LayerCache],
-        *,
-        sampler: Sampler,
-        processors: Sequence[LogitsProcessor] = (),
-        context_window: int = 0,
-        first_step: int = 0,
-        pending: int | None = None,
-        constraint: GrammarConstraint | None = None,
-    ) -> None:
+    def __init__(self, binding: MlxAutoregressiveBinding, prompt: Sequence[int], caches: list[LayerCache],
+                 sampling: StepSampling, *, first_step: int = 0, pending: int | None = None) -> None:
         if not prompt:
             raise ValueError("prompt must hold at least one token")
         cached = covered_tokens(caches)
@@ -89,14 +88,14 @@ class SequenceRun:
         self.cached = cached  # prompt tokens the caches hold
         self.prefill_end = len(prompt) if pending is not None else len(prompt) - 1
         self.step = first_step
-        self._sampler = sampler
-        self._processors = tuple(processors)
-        self._window = context_window if processors else 0
+        self._sampler = sampling.sampler
+        self._processors = tuple(sampling.processors)
+        self._window = sampling.context_window if sampling.processors else 0
         seen = self.prompt if pending is not None else self.prompt[:-1]
         self._history = mx.array(seen[-self._window :] if self._window else [], dtype=mx.int32)
         self._pending = pending
         self._first_step = first_step
-        self._constraint = constraint
+        self._constraint = sampling.constraint
         self._next = mx.array([self.prompt[-1]], dtype=mx.uint32) if pending is None else None
         self._round: tuple[Round, list[int]] | None = None
         self.unevaluated = 0  # tokens of the last prefill chunk an interrupt left partly unevaluated

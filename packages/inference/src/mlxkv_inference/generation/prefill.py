@@ -3,32 +3,27 @@ progress reports, and the prompt's rest riding in the first decode step instead 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
 import mlx.core as mx
 
 from mlxkv_inference.binding import Interrupt, MlxAutoregressiveBinding
-from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.reuse import all_trimmable
 from mlxkv_inference.cache.rounds import round_fits
-from mlxkv_inference.generation.loop import PrefillProgress, SequenceRun
+from mlxkv_inference.generation.hooks import GenerationHooks
+from mlxkv_inference.generation.loop import SequenceRun
 from mlxkv_inference.generation.sequence import SequenceState
-
-# Called with the prompt's first tokens and caches holding them (or more: trimmable caches).
-OnSnapshot = Callable[[Sequence[int], list[LayerCache]], None]
 
 
 class PromptPrefill:
     def __init__(self, binding: MlxAutoregressiveBinding, run: SequenceRun, sequence: SequenceState, chunk: int,
-                 snapshot_at: Sequence[int], on_snapshot: OnSnapshot | None, on_progress: PrefillProgress | None) -> None:
+                 hooks: GenerationHooks) -> None:
         self._binding = binding
         self._run = run
         self._sequence = sequence
         self.chunk = chunk
-        self._points = sorted({p for p in snapshot_at if sequence.cached_tokens < p <= len(sequence.prompt) - 1})
-        self._on_snapshot = on_snapshot
+        self._points = sorted({p for p in hooks.snapshot_at if sequence.cached_tokens < p <= len(sequence.prompt) - 1})
+        self._on_snapshot = hooks.on_snapshot
         self._snapshot_due: int | None = None  # a snapshot point reached by a chunk an interrupt stopped
-        self._on_progress = on_progress if sequence.resume is None else None
+        self._on_progress = hooks.on_prefill_progress if sequence.resume is None else None
         self.total = run.prefill_left
         self.joining = False  # the rest of the prompt rides in the next decode step (see `join`)
         self.joined = False  # the open step feeds the rest of the prompt: its last position samples

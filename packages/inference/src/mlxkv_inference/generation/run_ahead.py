@@ -41,7 +41,7 @@ class RunAhead:
         value first (a grammar's mask, drafts, a checkpoint at the token in flight) and caches
         that can drop a fed token again (where the generation ends on the token in flight).
         `sequences`: the generations the step feeds.
-        (The caller checked that the next token needs a plain step.)"""
+        (The caller checked that the next token needs a plain step: `Generation.needs_step`.)"""
         seq = self._sequence
         if seq.cancelled or self._run.constrained or self._drafting.draft_model is not None:
             return False
@@ -50,6 +50,11 @@ class RunAhead:
         if self._drafting.would_draft_ahead(self.produced, sequences):
             return False
         return round_fits(seq.caches, 2, self._binding.kv_scheme) >= 2
+
+    @property
+    def ends(self) -> bool:
+        """Whether reading the tokens in flight reaches max_tokens (nothing more to feed)."""
+        return bool(self._ahead) and self.produced >= self._sequence.max_new
 
     @property
     def produced(self) -> int:

@@ -3,9 +3,9 @@
 The randomness of step i is derived from (seed, i) alone, never from a running random state, so a
 generation restarted at step k with the same seed and history continues with exactly the tokens
 the uninterrupted run produced. On the native path one kernel filters and draws (an inverse CDF
-over the step's 64-bit word; MLX's filters and Gumbel draw cost ~1.4 ms a row on this CPU, ~7 ms
-with top-p's full sort of the vocabulary); elsewhere mlx-lm's filters and MLX's categorical draw
-with the step's key. Both sample the same distribution, not the same tokens.
+over the step's 64-bit word; MLX's filters and Gumbel draw are several ops a row on the CPU, and
+top-p sorts the whole vocabulary: `tools.bench_sampler`); elsewhere mlx-lm's filters and MLX's
+categorical draw with the step's key. Both sample the same distribution, not the same tokens.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxkv_inference.cache.kv import PlainKVCache
-from mlxkv_inference.cache.slots import PlainKvDecodeSlot
+from mlxkv_inference.cache.stand_ins import PlainKvStandIn
 from mlxkv_inference.native.graphs import can_batch
 from mlxkv_inference.native.kernels import project
 
@@ -34,12 +34,12 @@ class NativeSequence:
     """One sequence's KV as the kernel sees it: buffers with room for `rows` more positions,
     where they start, and how to keep what the kernel returns."""
 
-    def __init__(self, cache: PlainKVCache | PlainKvDecodeSlot, rows: int) -> None:
+    def __init__(self, cache: PlainKVCache | PlainKvStandIn, rows: int) -> None:
         self.cache = cache
         self.rows = rows
 
     def position(self) -> mx.array | int:
-        return self.cache.write_index.reshape(1) if isinstance(self.cache, PlainKvDecodeSlot) else self.cache.offset
+        return self.cache.write_index.reshape(1) if isinstance(self.cache, PlainKvStandIn) else self.cache.offset
 
     def buffers(self, heads: int, dim: int) -> list[mx.array]:
         cache = self.cache
@@ -57,7 +57,7 @@ class NativeSequence:
 def native_sequence(cache: Any, rows: int) -> NativeSequence | None:
     """The kernel's view of `cache` feeding `rows` positions; None where mlx-lm's attention runs
     (rotating or quantized caches, buffers of another dtype)."""
-    if not isinstance(cache, PlainKVCache | PlainKvDecodeSlot):
+    if not isinstance(cache, PlainKVCache | PlainKvStandIn):
         return None
     return NativeSequence(cache, rows) if cache.keys is None or cache.keys.dtype == mx.float32 else None
 
@@ -99,7 +99,7 @@ def first_positions(sequences: Sequence[NativeSequence]) -> mx.array:
     starts = [s.position() for s in sequences]
     if all(isinstance(p, int) for p in starts):
         return mx.array(starts, dtype=mx.int32)
-    # the compiled step's slot: its position is an input array
+    # the compiled step's stand-in: its position is an input array
     return mx.concatenate([mx.array([p]) if isinstance(p, int) else p for p in starts]).astype(mx.int32)
 
 
@@ -143,7 +143,7 @@ class NativeAttentionMixin:
     """Mixed into a model's attention class: the native kernel where the cache allows it."""
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
-        # NOTE: mlx-lm's mask for these caches is None, "causal" or the compiled slot's
+        # NOTE: mlx-lm's mask for these caches is None, "causal" or the compiled step's stand-in's
         # `arange <= write`: all the causal attention the kernel does by itself.
         sequence = native_sequence(cache, x.shape[1]) if x.shape[0] == 1 else None
         if sequence is None:

@@ -71,9 +71,8 @@ def use_float32_parameters(model: nn.Module) -> bool:
     """Widens `model`'s bfloat16/float16 parameters (norms, biases, quantization scales and biases,
     unquantized weights) to float32, in place, so its activations are float32, the only dtype the
     native kernels take and the fast one on MLX's CPU backend (as GGUF files are loaded); returns
-    whether any changed. A bfloat16 mlx-lm directory otherwise runs none of the native layer ops:
-    a random-weight Qwen2.5-0.5B-shaped model (4-bit) took ~4.4 s a decode step in bfloat16 and
-    ~40 ms widened (a /tmp timing script). Quantized codes (uint32) stay as they are."""
+    whether any changed. A bfloat16 mlx-lm directory otherwise runs none of the native layer ops,
+    and MLX's CPU backend is slow on bfloat16 itself. Quantized codes (uint32) stay as they are."""
     leaves: Any = tree_flatten(model.parameters())  # type: ignore[no-untyped-call]  # mlx leaves it untyped
     narrow = [v for _, v in leaves if v.dtype in (mx.bfloat16, mx.float16)]
     if narrow:
@@ -150,9 +149,8 @@ def _native_outputs(layers: Sequence[nn.Module], x: mx.array) -> list[mx.array]:
 def project(x: mx.array, layers: Sequence[nn.Module]) -> list[mx.array]:
     """Each of `layers` applied to the same `x` (a layer's q, k and v projections, or its gate and
     up). Native layers of one kind (bits, group size, scales dtype) run as one kernel call: one
-    hand-off to the kernels' threads instead of one per layer, 121 calls a decode step instead of
-    211 (`tools.bench_kernel --step-rows 1 8`: one call per product took 1.11-1.20x the time at one
-    row, 1.00-1.06x at 8), and each output has the bits its own call gives. Other layers (MLX's
+    hand-off to the kernels' threads instead of one per layer (what it saves: docs/benchmarks.md,
+    native kernels), and each output has the bits its own call gives. Other layers (MLX's
     kernel, adapters) are called one by one."""
     if len(layers) < 2:
         return [layer(x) for layer in layers]

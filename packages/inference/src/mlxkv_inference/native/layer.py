@@ -1,11 +1,11 @@
 """A whole llama-style decoder layer as one native node, on the native path.
 
 With the native kernels a layer is still ~11 MLX graph nodes (two norms, four products, attention,
-SwiGLU, two residual adds), ~340 a decode step of the embedded model, and MLX's CPU backend spends
-~5 us dispatching each. `use_native_layers` gives mlx-lm's llama `TransformerBlock` a forward that
-runs the same kernels in the same order inside one node (csrc/primitive.h `decoder_layer`): the
-same bits as the separate nodes (tests/test_native_layer.py pins it), so nothing in the config
-fingerprint changes. Qwen3's blocks too (their q and k normed per head before RoPE, inside the
+SwiGLU, two residual adds), and MLX's CPU backend spends a fixed dispatch on each, a large share
+of a small model's decode step. `use_native_layers` gives mlx-lm's llama `TransformerBlock` a
+forward that runs the same kernels in the same order inside one node (csrc/primitive.h
+`decoder_layer`): the same bits as the separate nodes (tests/test_native_layer.py pins it), so
+nothing in the config fingerprint changes. Qwen3's blocks too (their q and k normed per head before RoPE, inside the
 node). A layer or a cache the fused node does not serve (adapters, biases, norms of different
 eps, a RoPE variant the kernel does not know, rotating or quantized caches) runs as before.
 """
@@ -101,7 +101,7 @@ _Parts = tuple[Any, KernelRope, list[Any], list[tuple[int, int]]]
 def _fused_parts(layer: Any) -> _Parts | None:
     """(attention, its RoPE as the kernel applies it, the seven linears q k v o gate up down, (bits,
     group size) of q/k/v, o, gate/up and down) when the fused node computes exactly what the layer's modules do; worked out
-    once per set of modules (~20 us, 30 layers a step) and again when one is swapped (an adapter)."""
+    once per set of modules (not every step) and again when one is swapped (an adapter)."""
     # Modules are dicts of their children: item lookups, a fraction of attribute lookups' cost.
     attn, mlp = layer["self_attn"], layer["mlp"]
     modules = (layer["input_layernorm"], layer["post_attention_layernorm"], attn, mlp, attn["q_proj"], attn["k_proj"],

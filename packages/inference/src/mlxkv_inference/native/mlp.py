@@ -1,11 +1,10 @@
 """SwiGLU through mlxkv-cpu-kernels' elementwise kernel, on the native path.
 
 mlx-lm's llama-family MLP computes down(silu(gate(x)) * up(x)) with a shapeless `mx.compile`d
-`swiglu`, which MLX's CPU backend runs as a scalar loop calling libm's fma: ~5.5 of ~31 ms of the
-embedded model's 8-row batched decode step (perf). `use_native_swiglu` gives those MLP classes
-the native kernel (vectorized, on the kernels' thread pool). It is elementwise, so a row's bits do
-not depend on its neighbours; its exp is not MLX's, so the config fingerprint records it
-(`NATIVE_SWIGLU`).
+`swiglu`, which MLX's CPU backend runs as a scalar loop calling libm's fma (a visible share of a
+batched decode step in a profile). `use_native_swiglu` gives those MLP classes the native kernel
+(vectorized, on the kernels' thread pool). It is elementwise, so a row's bits do not depend on
+its neighbours; its exp is not MLX's, so the config fingerprint records it (`NATIVE_SWIGLU`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """RMS normalization through mlxkv-cpu-kernels' kernel, on the native path.
 
 MLX's CPU backend has no kernel of its own for `mx.fast.rms_norm`: it runs the op's fallback
-graph (square, sum, rsqrt, three multiplies, an add and their broadcasts), ~31 us for the 8 x 576
-activations of a batched decode step against ~5 us for one elementwise op, and 61 norms a step
-of the embedded model made ~670 of the step's 1,160 primitives. `use_native_rms_norm` gives the
-model's `nn.RMSNorm` modules the one-op kernel. A row's bits depend on that row alone (its sum of
-squares runs in a fixed order, csrc/activations.h), not MLX's, so the config fingerprint records
-it (`NATIVE_RMS_NORM`).
+graph (square, sum, rsqrt, three multiplies, an add and their broadcasts), each primitive a
+dispatch of its own, two norms a layer: at a small model's decode step most primitives are the
+norms'. `use_native_rms_norm` gives the model's `nn.RMSNorm` modules the one-op kernel. A row's
+bits depend on that row alone (its sum of squares runs in a fixed order, csrc/activations.h),
+not MLX's, so the config fingerprint records it (`NATIVE_RMS_NORM`).
 """
 
 from __future__ import annotations

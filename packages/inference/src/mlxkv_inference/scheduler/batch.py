@@ -19,14 +19,12 @@ graph inside the same step: slower, still exact.
 from __future__ import annotations
 
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
-from mlxkv_inference.generation.generate import Generation, TextDelta
+from mlxkv_inference.generation.generate import Generation
+from mlxkv_inference.generation.results import TextDelta
 from mlxkv_inference.scheduler.decode_step import STEP_MAX_ROWS, decode
 from mlxkv_inference.scheduler.outcome import Arrival, Outcomes, StepOutcome
 from mlxkv_inference.scheduler.pipelined import decode_ahead, pipelined_rows, read_in_flight
-from mlxkv_inference.scheduler.prefill_plan import MAX_PASSED_OVER, MIN_TIMED_CHUNK, WHOLE_STEPS, PrefillPlanner
-
-__all__ = ["DEFAULT_MAX_BATCH", "MAX_PASSED_OVER", "MIN_TIMED_CHUNK", "STEP_MAX_ROWS", "WHOLE_STEPS", "Arrival",
-           "BatchScheduler", "StepOutcome"]
+from mlxkv_inference.scheduler.prefill_plan import PrefillPlanner
 
 DEFAULT_MAX_BATCH = 8
 

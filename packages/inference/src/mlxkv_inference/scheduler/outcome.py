@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mlxkv_inference.generation.generate import Generation, TextDelta
+from mlxkv_inference.generation.generate import Generation
+from mlxkv_inference.generation.results import TextDelta
 
 Arrival = Callable[[], int | None]  # the prompt tokens of a request waiting to start after this step (None: none)
 

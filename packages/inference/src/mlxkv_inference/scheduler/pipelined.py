@@ -1,7 +1,7 @@
 """Pipelined decode steps: while every running generation decodes plain steps (no drafts, no
 grammar, no prompt waiting), a step's graph is built on the tokens the last step drew, before
 they are read, and evaluates while they are taken. The values are the same; a generation that
-ends on a token in flight drops the one it fed on (`Generation.read_ahead`)."""
+ends on a token in flight drops the one it fed on (`RunAhead.land`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import mlx.core as mx
 
 from mlxkv_inference import _mlx_lm
 from mlxkv_inference.binding import MlxAutoregressiveBinding
-from mlxkv_inference.generation.generate import Generation, TextDelta
+from mlxkv_inference.generation.generate import Generation
+from mlxkv_inference.generation.results import TextDelta
 from mlxkv_inference.scheduler.outcome import Arrival, Outcomes, StepOutcome, failed
 
 
@@ -19,12 +20,12 @@ def pipelined_rows(binding: MlxAutoregressiveBinding, running: Sequence[Generati
                    arrival: Arrival | None) -> list[Generation]:
     """The generations this step feeds pipelined (empty: a step that is not): where every
     running generation is decoding, none waits to start, and each either may feed its next
-    token before the one in flight is read (`Generation.runs_ahead`) or ends on that one."""
+    token before the one in flight is read (`RunAhead.may_run`) or ends on that one."""
     if outcomes or len(running) < 2 or any(g.prefilling or not g.needs_step for g in running):
         return []
     if arrival is not None and arrival() is not None:
         return []
-    feeding = [g for g in running if g.runs_ahead(len(running))]
+    feeding = [g for g in running if g.ahead.may_run(len(running))]  # each needs_step (above)
     if len(feeding) < 2 or any(g not in feeding and not g.ahead_ends for g in running):
         return []
     return feeding if binding.can_decode_batch([g.caches for g in feeding]) else []
@@ -39,16 +40,16 @@ def decode_ahead(binding: MlxAutoregressiveBinding, running: Sequence[Generation
     reading = [g for g in running if g.in_flight]
     ran = True
     try:
-        tokens = mx.concatenate([g.ahead_input(len(running)) for g in feeding])
+        tokens = mx.concatenate([g.ahead.input(len(running)) for g in feeding])
         logits = binding.decode_batch(tokens, [g.caches for g in feeding])
-        _mlx_lm.async_eval(*[a for i, g in enumerate(feeding) for a in g.draw_ahead(logits[i : i + 1])])
+        _mlx_lm.async_eval(*[a for i, g in enumerate(feeding) for a in g.ahead.draw(logits[i : i + 1])])
     except Exception as e:  # noqa: BLE001 - the rows fed shared the step: each of them failed
         failed(outcomes, list(feeding), e)
         reading = [g for g in reading if g not in feeding]  # a row ending on its token in flight ends
         ran = False
     for generation in reading:
         try:
-            outcomes[id(generation)] = StepOutcome(generation, tuple(generation.read_ahead()), False)
+            outcomes[id(generation)] = StepOutcome(generation, tuple(generation.ahead.read()), False)
         except Exception as e:  # noqa: BLE001 - one failed generation must not stop the others
             failed(outcomes, [generation], e)
     return ran
@@ -64,7 +65,7 @@ def read_in_flight(running: Sequence[Generation], outcomes: Outcomes) -> dict[in
         deltas: list[TextDelta] = []
         try:
             while generation.in_flight and not generation.done:
-                deltas.extend(generation.read_ahead())
+                deltas.extend(generation.ahead.read())
         except Exception as e:  # noqa: BLE001 - one failed generation must not stop the others
             failed(outcomes, [generation], e)
         else:

@@ -34,9 +34,8 @@ class PromptLookup:
     of its latest `CANDIDATES`, the one whose preceding tokens go on matching the history's
     furthest back (up to `ALIGN_MAX` tokens; ties to the latest). A quoted file repeats short
     n-grams (`self.`, `    def `) in many places, and the latest is not always the text being
-    copied (replayed on the speculative bench's plain answers: drafts accepted 92% -> 96% on the
-    edit request whose answer repeats itself, 67% -> 69% on the one that paraphrases the file;
-    the same or better on nine other answers).
+    copied: the best-aligned one more often is (`tools.bench_speculative` reports the drafts
+    accepted).
 
     The index grows with the history (a few dict writes a token), so a lookup costs
     O(ngram_max + CANDIDATES * ALIGN_MAX).

@@ -1,5 +1,6 @@
-"""Speculative rounds: feed the pending token and k drafted ones in one forward, keep what the
-target would have sampled anyway, and roll the caches back to exactly that.
+"""How a generation speculates (`SpeculativeParams`). A speculative round (`cache/rounds.py`):
+feed the pending token and k drafted ones in one forward, keep what the target would have
+sampled anyway, and roll the caches back to exactly that.
 
     round   feed  p  d0 d1 ... d(k-1)        (L = k + 1 positions, one forward)
             logits of each position -> the target's own sample y_i at step s + i
@@ -16,12 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
-
-from mlxkv_inference.cache.rounds import Refeed, Round, round_fits
-from mlxkv_inference.step_costs import PRIOR_POSITION_COST, StepCosts
-
-__all__ = ["DEFAULT_NUM_DRAFT_TOKENS", "MAX_NUM_DRAFT_TOKENS", "PRIOR_POSITION_COST", "SPECULATIVE_MODES", "Refeed",
-           "Round", "SpeculativeMode", "SpeculativeParams", "StepCosts", "round_fits"]
 
 SpeculativeMode = Literal["off", "prompt_lookup", "draft"]
 SPECULATIVE_MODES: tuple[SpeculativeMode, ...] = ("off", "prompt_lookup", "draft")

@@ -1,4 +1,5 @@
-"""Load a model by path: the embedded GGUF, a llama or gemma3 GGUF file, or a local mlx-lm directory.
+"""Load a model by path into the binding that runs it: the embedded GGUF, a llama or gemma3 GGUF
+file, or a local mlx-lm directory. It sits above `binding.py` (the binding never imports it).
 
 Nothing is downloaded: a path that does not exist is an error, never a hub lookup.
 """

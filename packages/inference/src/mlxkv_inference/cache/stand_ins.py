@@ -1,4 +1,4 @@
-"""Decode slots: what mlx-lm's layers see as their cache inside the compiled decode step.
+"""Decode stand-ins: what mlx-lm's layers see as their cache inside the compiled decode step.
 
 Shapes are fixed for a plan (a buffer of `capacity` positions, `rows` new ones); the RoPE offset
 and the write index enter as arrays, so one trace serves every step until a buffer grows or a
@@ -14,7 +14,7 @@ import mlx.core as mx
 from mlxkv_inference.cache.contract import CompiledStepUnsupported, DecodePlan
 
 
-class KvDecodeSlot:
+class KvStandIn:
     """Plain or rotating KV: write the new token at `write_index`, attend over the buffer."""
 
     def __init__(self, plan: DecodePlan) -> None:
@@ -52,8 +52,8 @@ class KvDecodeSlot:
         return self.keys.shape[2]
 
 
-class PlainKvDecodeSlot(KvDecodeSlot):
-    """A plain cache's slot: never a ring, so its keys are positions 0..write (what the native
+class PlainKvStandIn(KvStandIn):
+    """A plain cache's stand-in: never a ring, so its keys are positions 0..write (what the native
     attention kernel needs to know to run inside the compiled step)."""
 
     @property
@@ -61,7 +61,7 @@ class PlainKvDecodeSlot(KvDecodeSlot):
         return self._write
 
 
-class QuantizedDecodeSlot(KvDecodeSlot):
+class QuantizedKvStandIn(KvStandIn):
     """Affine-quantized KV: (packed, scales, biases) triples for keys and for values."""
 
     def __init__(self, plan: DecodePlan, group_size: int, bits: int) -> None:
@@ -92,7 +92,7 @@ class QuantizedDecodeSlot(KvDecodeSlot):
         return self._keys[0].shape[2]
 
 
-class RecurrentDecodeSlot:
+class RecurrentStandIn:
     """Recurrent (conv + SSM) state: fixed-size arrays the layer reads and replaces."""
 
     def __init__(self, size: int) -> None:
