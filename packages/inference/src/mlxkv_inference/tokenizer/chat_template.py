@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from functools import lru_cache
 from typing import Any, NoReturn
 
@@ -26,13 +27,19 @@ def _raise(message: str) -> NoReturn:
     raise ValueError(f"chat template error: {message}")
 
 
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
 def _tojson(value: Any, indent: int | None = None) -> str:
     return json.dumps(value, ensure_ascii=False, indent=indent)
 
 
 @lru_cache(maxsize=8)
 def _compile(template: str) -> Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    # The globals and extension transformers gives templates (Mistral Small 3.x and gpt-oss date their system prompt).
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = _strftime_now
     return env.from_string(template)
