@@ -18,11 +18,14 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "qwen3": ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "</think>"),
     "qwen3_coder": ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"),
     "llama3_1": ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"),
-    "mistral_v3": ("[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
-                   "[/TOOL_RESULTS]"),
-    "mistral_small_3_2": ("[INST]", "[/INST]", "[TOOL_CALLS]", "[ARGS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+    "mistral_nemo": ("[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
+                     "[/TOOL_RESULTS]"),
+    "mistral_small_3_2": ("[INST]", "[/INST]", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
                           "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"),
+    "gpt_oss": ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"),
 }
+# Markers that end an answer, as the family's generation config lists them (beside <eos>).
+EOS_MARKERS: dict[str, tuple[str, ...]] = {"gpt_oss": ("<|return|>", "<|call|>")}
 
 
 class TemplateTokenizer(ByteTokenizer):
@@ -35,6 +38,11 @@ class TemplateTokenizer(ByteTokenizer):
         self.backend.add_tokens(list(markers))
         self._last_id = EOS_ID + len(markers)
         self._template = (TEMPLATES / f"{family}.jinja").read_text()
+        self._eos = frozenset({EOS_ID, *(EOS_ID + 1 + markers.index(m) for m in EOS_MARKERS.get(family, ()))})
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self._eos
 
     @property
     def chat_template(self) -> str:

@@ -13,9 +13,10 @@ from mlxkv_serve import GenerateRequest, PromptTooLongError, Speculation
 from mlxkv_ssd_cache import KvIdentity
 
 from mlxkv.engine.checkpoints import request_key
+from mlxkv.engine.harmony import harmony_answer_grammar
 from mlxkv.engine.reasoning import think_tags
 from mlxkv.engine.thinking import think_plan
-from mlxkv.engine.tool_calls import ToolUse, chat_messages, template_tools, think_grammar, tool_use
+from mlxkv.engine.tool_calls import ToolUse, chat_messages, family_history, template_tools, think_grammar, tool_use
 from mlxkv.engine.tool_formats import model_tool_format
 
 
@@ -71,7 +72,7 @@ class RequestPreparer:
         tokenizer = self._tokenizer
         if request.messages is not None:
             native = template_takes_tools(tokenizer)
-            messages = chat_messages(request.messages, tools.tools, native)
+            messages = chat_messages(family_history(request.messages, tools.format), tools.tools, native)
             chat = encode_chat(tokenizer, messages, template_tools(tools.tools) if native and tools.tools else None,
                                request.answer_start, request.enable_thinking)
             return chat.tokens, chat.history_end
@@ -87,6 +88,8 @@ class RequestPreparer:
         """Text or tool calls (after a think section), else the request's constraint, else a think
         section bounded by its budget (thinking turned off: closed at once)."""
         budget = 0 if request.enable_thinking is False else request.thinking_budget
+        if tools.format.name == "harmony" and request.messages is not None:  # channels, not think tags
+            return harmony_answer_grammar(tools.callable, tools.required, request.constraint, budget, tools.format.literal)
         plan = think_plan(self._think, prompt, budget) if request.messages is not None else None
         if tools.active:
             return tools.grammar(plan)

@@ -16,14 +16,31 @@ from typing import Protocol
 
 from mlxkv_serve import ToolCall
 
+from mlxkv.engine.harmony import HarmonySplitter
 from mlxkv.engine.thinking import ThinkTags
-from mlxkv.engine.tool_calls import ToolAnswer
+from mlxkv.engine.tool_calls import ToolAnswer, ToolUse
 
 OPEN, CLOSE = "<think>", "</think>"
 
 
 class _Tokens(Protocol):
     def encode(self, text: str, *, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+class Splitter(Protocol):
+    """Splits streamed answer text into (reasoning, text)."""
+
+    def feed(self, piece: str) -> tuple[str, str]: ...
+
+    def finish(self) -> tuple[str, str]: ...
+
+
+def answer_splitter(tools: ToolUse, tags: ThinkTags | None, chat: bool, prompt: Sequence[int]) -> Splitter:
+    """How a chat answer's reasoning is told apart: harmony channels (gpt-oss) or a think section."""
+    if chat and tools.format.name == "harmony":
+        return HarmonySplitter()
+    thinks = chat and tags is not None
+    return ThinkSplitter(thinks, thinks and starts_thinking(tags, prompt))
 
 
 def think_tags(tokenizer: _Tokens) -> ThinkTags | None:
@@ -97,7 +114,7 @@ class ThinkSplitter:
 class AnswerStream:
     """An answer as it streams: its think section apart, then its text or tool calls."""
 
-    def __init__(self, splitter: ThinkSplitter, tools: ToolAnswer) -> None:
+    def __init__(self, splitter: Splitter, tools: ToolAnswer) -> None:
         self._splitter = splitter
         self._tools = tools
         self._text = ""

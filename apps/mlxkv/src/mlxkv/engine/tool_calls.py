@@ -12,14 +12,16 @@ section may come first (see `thinking.ThinkPlan`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mlxkv_inference import Grammar
 from mlxkv_serve import ChatMessage, GenerateRequest, Tool, ToolCall
 
+from mlxkv.engine.harmony import harmony_grammar, harmony_history
 from mlxkv.engine.thinking import ThinkPlan, think_rules
 from mlxkv.engine.tool_formats import ToolFormat, hermes_format
 
@@ -49,7 +51,7 @@ class ToolUse:
 def tool_use(request: GenerateRequest, fmt: ToolFormat | None = None) -> ToolUse:
     """The tools a request offers (none when `tool_choice` is "none"), in the model's format `fmt`."""
     if not request.tools or request.tool_choice == "none":
-        return ToolUse(())
+        return ToolUse((), format=fmt or hermes_format())  # the format still says how the answer is read
     callable_tools = tuple(t for t in request.tools if request.tool_name in (None, t.name))
     required = request.tool_choice == "required" or request.tool_name is not None
     return ToolUse(request.tools, callable_tools, required, request.parallel_tool_calls, fmt or hermes_format())
@@ -59,6 +61,8 @@ def tool_grammar(tools: Sequence[Tool], *, required: bool, parallel: bool, fmt: 
                  think: ThinkPlan | None = None) -> Grammar:
     """A Lark grammar: [think section] then text not starting as a call does (unless `required`), or calls of `tools`."""
     fmt = fmt or hermes_format()
+    if fmt.name == "harmony":  # channels, not a think section: its analysis is unbounded here
+        return harmony_grammar(tools, required=required, budget=None, literal=fmt.literal)
     answer = "calls" if required else "TEXT | calls"
     lines = [_start(answer, think), *think_rules(think, newlines=True), *fmt.rules(tools, parallel), fmt.text_rule()]
     return Grammar("lark", "\n".join(lines) + "\n")
@@ -134,6 +138,25 @@ def chat_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool], templa
         else:
             out.insert(0, {"role": "system", "content": prompt})
     return out
+
+
+def family_history(messages: Sequence[ChatMessage], fmt: ToolFormat) -> Sequence[ChatMessage]:
+    """`messages` as the family's template takes them: gpt-oss one call a turn (see `harmony_history`);
+    Mistral call ids of 9 letters and digits (its templates refuse others; vLLM maps them too)."""
+    if fmt.name == "harmony":
+        return harmony_history(messages)
+    if fmt.name.startswith("mistral"):
+        return [replace(m, tool_calls=tuple(replace(c, id=_nine_chars(c.id)) for c in m.tool_calls),
+                        tool_call_id=None if m.tool_call_id is None else _nine_chars(m.tool_call_id)) for m in messages]
+    return messages
+
+
+def _nine_chars(call_id: str) -> str:
+    """A client's call id as a Mistral id: kept when it is one, else a digest of it (the same id
+    maps alike in the call and its result, and in every turn, so the prompt stays a cache prefix)."""
+    if len(call_id) == 9 and call_id.isascii() and call_id.isalnum():
+        return call_id
+    return hashlib.sha256(call_id.encode()).hexdigest()[:9]
 
 
 def template_tools(tools: Sequence[Tool]) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from mlxkv.engine.answers import Answers
 from mlxkv.engine.checkpoints import CheckpointStore
 from mlxkv.engine.jobs import Active, GenerationStatus, Job, JobQueue, StatusBook
 from mlxkv.engine.logprobs import LogprobTrail
-from mlxkv.engine.reasoning import AnswerStream, ThinkSplitter, starts_thinking, think_tags
+from mlxkv.engine.reasoning import AnswerStream, answer_splitter, think_tags
 from mlxkv.engine.tool_calls import ToolAnswer
 from mlxkv.progress import PrefillLog
 
@@ -117,8 +117,7 @@ class Worker:
         self._statuses.update(job, GenerationStatus.run)
         try:
             generation = self._generation(job, read)
-            thinks = job.chat and self._think is not None
-            splitter = ThinkSplitter(thinks, thinks and starts_thinking(self._think, job.prompt))
+            splitter = answer_splitter(job.tools, self._think, job.chat, job.prompt)
             entry = Active(job, generation, AnswerStream(splitter, ToolAnswer(job.tools, job.handle.generation_id)))
             self._answers.push(entry, self.scheduler.add(generation), with_logprobs=True)
         except Exception as e:  # noqa: BLE001 - one failed generation must not stop the worker
