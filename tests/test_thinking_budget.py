@@ -131,3 +131,22 @@ def test_enable_thinking_false_reaches_a_template_that_takes_it(qwen3_client: tu
     assert reply["choices"][0]["message"]["content"] == raw and "reasoning_content" not in reply["choices"][0]["message"]
     bad = client.post("/v1/chat/completions", json={**body, "chat_template_kwargs": {"enable_thinking": "no"}})
     assert bad.status_code == 400 and "enable_thinking" in bad.json()["error"]["message"]
+
+
+def test_a_json_answer_follows_the_think_section_closed_at_its_budget(r1_client: TestClient) -> None:
+    """A user's JSON schema with a budget: the budget bounds the think section, the schema the answer
+    after it (OpenAI chat's `thinking_token_budget`, Responses' `reasoning.max_tokens`)."""
+    schema = {"type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"], "additionalProperties": False}
+    bias = {str(CLOSE_ID): -100}
+    chat = r1_client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 40, "thinking_token_budget": 4, "logit_bias": bias,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "clock", "schema": schema}}}).json()["choices"][0]
+    message = chat["message"]
+    assert chat["finish_reason"] == "stop" and len(ThinkingByteTokenizer().encode(message["reasoning_content"])) == 4
+    assert json.loads(message["content"]) in ({"zone": "utc"}, {"zone": "cet"})
+    response = r1_client.post("/v1/responses", json={
+        "input": "Hi", "max_output_tokens": 40, "reasoning": {"max_tokens": 4}, "store": False,
+        "text": {"format": {"type": "json_schema", "name": "clock", "schema": schema}}}).json()
+    reasoning = [i for i in response["output"] if i["type"] == "reasoning"]
+    text = [i for i in response["output"] if i["type"] == "message"][0]["content"][0]["text"]
+    assert len(ThinkingByteTokenizer().encode(reasoning[0]["summary"][0]["text"])) == 4 and json.loads(text) in ({"zone": "utc"}, {"zone": "cet"})

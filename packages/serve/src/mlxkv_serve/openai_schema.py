@@ -48,11 +48,11 @@ def parse_chat(body: Any, config: ServeConfig) -> OpenAiRequest:
 
 
 def _enable_thinking(body: Any) -> bool | None:
-    """`chat_template_kwargs.enable_thinking` (vLLM's and SGLang's field; DeepSeek's `thinking` too);
-    the template's other keyword arguments are not passed on."""
+    """`chat_template_kwargs.enable_thinking` (vLLM's and SGLang's field; DeepSeek's `thinking` too),
+    else off for `reasoning_effort` "none"; the template's other keyword arguments are not passed on."""
     kwargs = body.get("chat_template_kwargs")
     if kwargs is None:
-        return None
+        return False if body.get("reasoning_effort") == "none" else None  # OpenAI's effort "none": no reasoning
     if not isinstance(kwargs, dict):
         raise RequestError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs")
     value = kwargs.get("enable_thinking", kwargs.get("thinking"))

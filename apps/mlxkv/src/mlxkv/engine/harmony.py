@@ -74,8 +74,10 @@ def harmony_answer_grammar(tools: Sequence[Tool], required: bool, constraint: Co
     return harmony_grammar(tools, required=required, budget=budget, literal=literal, final=final)
 
 
-def json_rule(schema: dict[str, Any]) -> str:
+def json_rule(schema: Any) -> str:
     """A Lark rule body that is JSON matching `schema`, laid out as `json.dumps` does."""
+    if not isinstance(schema, dict):
+        raise ValueError(f"a JSON schema must be an object, got {schema!r:.80}")
     return f"%json {json.dumps({'x-guidance': JSON_LAYOUT, **schema})}"
 
 

@@ -16,7 +16,8 @@ from mlxkv.engine.checkpoints import request_key
 from mlxkv.engine.harmony import harmony_answer_grammar
 from mlxkv.engine.reasoning import think_tags
 from mlxkv.engine.thinking import think_plan
-from mlxkv.engine.tool_calls import ToolUse, chat_messages, family_history, template_tools, think_grammar, tool_use
+from mlxkv.engine.tool_calls import (ToolUse, chat_messages, constrained_grammar, family_history, template_tools, think_grammar,
+                                    tool_use)
 from mlxkv.engine.tool_formats import model_tool_format
 
 
@@ -93,8 +94,8 @@ class RequestPreparer:
         plan = think_plan(self._think, prompt, budget) if request.messages is not None else None
         if tools.active:
             return tools.grammar(plan)
-        if request.constraint is not None:
-            return Grammar(request.constraint.kind, request.constraint.source)
+        if request.constraint is not None:  # after a think section bounded by its budget
+            return constrained_grammar(request.constraint, plan if plan is not None and plan.budget is not None else None)
         return think_grammar(plan) if plan is not None and plan.budget is not None and plan.budget < max_tokens else None
 
     def _speculation(self, asked: Speculation) -> SpeculativeParams:

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mlxkv_inference import Grammar
-from mlxkv_serve import ChatMessage, GenerateRequest, Tool, ToolCall
+from mlxkv_serve import ChatMessage, Constraint, GenerateRequest, Tool, ToolCall
 
-from mlxkv.engine.harmony import harmony_grammar, harmony_history
+from mlxkv.engine.harmony import harmony_grammar, harmony_history, json_rule
 from mlxkv.engine.thinking import ThinkPlan, think_rules
 from mlxkv.engine.tool_formats import ToolFormat, hermes_format
 
@@ -71,6 +71,19 @@ def tool_grammar(tools: Sequence[Tool], *, required: bool, parallel: bool, fmt: 
 def think_grammar(think: ThinkPlan) -> Grammar:
     """The think section (within its budget), then any text: for an answer with no other grammar."""
     lines = [_start("ANY", think), *think_rules(think, newlines=False), r"ANY: /(.|\n)*/"]
+    return Grammar("lark", "\n".join(lines) + "\n")
+
+
+def constrained_grammar(constraint: Constraint, think: ThinkPlan | None) -> Grammar:
+    """The user's constraint, after the think section (within its budget) where `think` says. A Lark
+    grammar is applied alone (its own `start` cannot be nested): a think section is its to allow."""
+    if think is None or constraint.kind == "lark":
+        return Grammar(constraint.kind, constraint.source)
+    if constraint.kind == "json_schema":
+        answer = json_rule(json.loads(constraint.source))
+    else:
+        answer = "/" + constraint.source.replace("/", "\\/") + "/"
+    lines = [_start("answer", think), *think_rules(think, newlines=constraint.kind == "json_schema"), f"answer: {answer}"]
     return Grammar("lark", "\n".join(lines) + "\n")
 
 
