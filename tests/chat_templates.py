@@ -22,6 +22,8 @@ FAMILIES: dict[str, tuple[str, ...]] = {
                      "[/TOOL_RESULTS]"),
     "mistral_small_3_2": ("[INST]", "[/INST]", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
                           "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"),
+    "gemma4": ("<|turn>", "<turn|>", "<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>", '<|"|>', "<|tool_response>",
+               "<tool_response|>", "<|channel>", "<channel|>", "<|think|>"),
     "gpt_oss": ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"),
 }
 # Markers that end an answer, as the family's generation config lists them (beside <eos>).

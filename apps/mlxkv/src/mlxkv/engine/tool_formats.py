@@ -7,11 +7,12 @@ to match the tools' schemas, and their parser.
     mistral      [TOOL_CALLS][{"name": N, "arguments": {...}}]                  Mistral v3 tokenizers (7B v0.3: "] [")
     mistral      [TOOL_CALLS]N[ARGS]{...}                                       Mistral v11+ ([ARGS] in the vocabulary)
     harmony      <|channel|>commentary to=functions.N <|constrain|>json<|message|>{...}   gpt-oss (see `harmony`)
+    gemma4       <|tool_call>call:N{key:<|"|>text<|"|>,n:5}<tool_call|>         Gemma 4 (see `gemma_tools`)
 
 The format is chosen from the chat template's source (the markers mlx-lm's `_infer_tool_parser`
 looks for) and the vocabulary. A marker that is one token of the vocabulary is written in the
 grammar as that token (`<[id]>`, for an added token), so the model is forced the token it was
-trained on, not its spelling in bytes. Parsing uses mlx-lm's parsers where they fit (qwen3_coder, mistral); the JSON
+trained on, not its spelling in bytes. Parsing uses mlx-lm's parsers where they fit (qwen3_coder, mistral, gemma4); the JSON
 formats are parsed here (mlx-lm's json_tools is `json.loads`, and it has no Llama 3 parser).
 """
 
@@ -26,6 +27,7 @@ from typing import Any
 from mlxkv_serve import Tool
 
 from mlxkv.engine import _mlx_lm_tools
+from mlxkv.engine.gemma_tools import gemma4_rules
 from mlxkv.engine.harmony import CALL_START, MarkerLark, Parsed, is_harmony, json_rule, parse_harmony_calls
 
 
@@ -64,6 +66,8 @@ def detect_tool_format(template: str, vocab: Collection[str], literal: MarkerLar
     holds the added tokens `vocab`; Hermes when nothing more specific is found."""
     if is_harmony(template):
         return ToolFormat("harmony", CALL_START, literal)
+    if "<|tool_call>" in template and "<tool_call|>" in template:
+        return ToolFormat("gemma4", "<|tool_call>", literal)
     if "<tool_call>\n<function=" in template or "<tool_call>\\n<function=" in template:
         return ToolFormat("qwen3_coder", "<tool_call>", literal)
     if "[TOOL_CALLS]" in template or "[TOOL_CALLS]" in vocab:
@@ -194,9 +198,11 @@ def _json_call(text: str, arguments_key: str) -> Parsed | None:
 _RULES: dict[str, Callable[[ToolFormat, Sequence[Tool], bool], list[str]]] = {
     "hermes": _hermes_rules, "qwen3_coder": _qwen3_coder_rules, "llama3_json": _llama3_rules,
     "mistral": _mistral_rules, "mistral_args": _mistral_args_rules,
+    "gemma4": lambda fmt, tools, parallel: gemma4_rules(fmt.literal, tools, parallel),
 }
 _PARSERS: dict[str, Callable[[ToolFormat, str, Sequence[Tool]], list[Parsed]]] = {
     "hermes": _hermes_parse, "qwen3_coder": _qwen3_coder_parse, "llama3_json": _llama3_parse,
     "mistral": _mistral_parse, "mistral_args": _mistral_parse,
     "harmony": lambda fmt, text, tools: parse_harmony_calls(text),
+    "gemma4": lambda fmt, text, tools: _mlx_lm_tools.parse_all("gemma4", text),
 }

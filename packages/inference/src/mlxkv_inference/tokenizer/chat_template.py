@@ -8,7 +8,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any, NoReturn
 
-from jinja2 import Template
+from jinja2 import Template, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from mlxkv_inference.tokenizer.protocol import Message
@@ -17,10 +17,12 @@ from mlxkv_inference.tokenizer.protocol import Message
 def render_chat_template(
     template: str, messages: Sequence[Message], *, add_generation_prompt: bool, **extra: Any
 ) -> str:
-    """Render `messages` with `template` as transformers' `apply_chat_template` does."""
-    return _compile(template).render(
-        messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt, **extra
-    )
+    """Render `messages` with `template` as transformers' `apply_chat_template` does; a template
+    that fails on them (a tool schema it cannot read) raises ValueError."""
+    try:
+        return _compile(template).render(messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt, **extra)
+    except TemplateError as e:
+        raise ValueError(f"chat template error: {e}") from e
 
 
 def _raise(message: str) -> NoReturn:
