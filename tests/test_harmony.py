@@ -111,14 +111,14 @@ def never_end() -> dict[int, float]:
     return {tokenizer.encode("<|end|>")[0]: -100.0, tokenizer.encode("a")[0]: 20.0}
 
 
-def oracle(grammar: Grammar, tools: tuple[Tool, ...] = TOOLS) -> str:
+def oracle(grammar: Grammar, tools: tuple[Tool, ...] = TOOLS, biased: bool = True) -> str:
     """The answer `grammar` forces to a prompt that offers `tools`, generated directly (greedy), with
-    the analysis never ended by the model."""
+    the analysis never ended by the model (`biased`)."""
     tokenizer = TemplateTokenizer("gpt_oss")
     binding = make_tiny_binding("qwen3", seed=7, tokenizer=tokenizer)
     prompt = encode_chat(tokenizer, chat_messages(tuple(ChatMessage("user", m["content"]) for m in ASK), tools, True),
                          template_tools(tools) or None).tokens
-    params = GenerationParams(max_tokens=120, grammar=grammar, sampling=SamplingParams(logit_bias=never_end()))
+    params = GenerationParams(max_tokens=120, grammar=grammar, sampling=SamplingParams(logit_bias=never_end() if biased else {}))
     result = Generation(binding, prompt, params).run()
     assert result.finish_reason == "stop", result.text
     return result.text
@@ -162,3 +162,19 @@ def test_a_bad_thinking_budget_is_a_400_in_openais_shape(client: TestClient, bud
     response = client.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 4, "thinking_token_budget": budget})
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "thinking_token_budget"
+
+
+def test_a_responses_call_comes_with_its_analysis_as_a_reasoning_item(client: TestClient) -> None:
+    """The Responses API: the analysis (within `reasoning.max_tokens`) is a `reasoning` item, the call a `function_call`."""
+    text = oracle(harmony_grammar(TOOLS[:1], required=True, budget=BUDGET, literal=LITERAL), biased=False)
+    match = re.fullmatch(r"(?:<\|channel\|>analysis<\|message\|>(?P<reasoning>.*)<\|end\|><\|start\|>assistant)?"
+                         + re.escape(CALL_MESSAGE[:CALL_MESSAGE.index("{")]) + r"(?P<arguments>\{.*\})", text, re.DOTALL)
+    assert match is not None, text
+    tools = [{"type": "function", "name": t.name, "description": t.description, "parameters": json.loads(t.parameters)} for t in TOOLS]
+    response = client.post("/v1/responses", json={"input": ASK[0]["content"], "max_output_tokens": 120, "tools": tools, "store": False,
+                                                  "tool_choice": {"type": "function", "name": "get_weather"},
+                                                  "reasoning": {"max_tokens": BUDGET}}).json()
+    reasoning = [i["summary"][0]["text"] for i in response["output"] if i["type"] == "reasoning"]
+    calls = [(i["name"], json.loads(i["arguments"])) for i in response["output"] if i["type"] == "function_call"]
+    assert reasoning == ([match["reasoning"]] if match["reasoning"] else [])
+    assert calls == [("get_weather", json.loads(match["arguments"]))]
