@@ -17,7 +17,7 @@ from mlxkv.engine.tool_calls import ToolUse, chat_messages, split_tool_calls, te
 from mlxkv.engine.tool_formats import model_tool_format
 from mlxkv_inference import Generation, GenerationParams
 from mlxkv_inference.tokenizer.chat import encode_chat
-from mlxkv_serve import ChatMessage, ServeConfig, Tool, build_app
+from mlxkv_serve import ChatMessage, ServeConfig, Tool, ToolCall, build_app
 from tests.chat_templates import TemplateTokenizer
 from tests.factories import TINY_VOCAB, make_tiny_binding
 
@@ -60,3 +60,21 @@ def test_a_schema_the_template_cannot_render_is_a_400() -> None:
     finally:
         engine.close(30)
     assert got.status_code == 400 and "chat template error" in got.json()["error"]["message"]
+
+
+def test_results_go_back_as_the_calling_turns_tool_responses() -> None:
+    """Gemma 4's template writes a call's results right after it, in the same model turn, and the
+    model goes on from there (no new turn is opened)."""
+    tokenizer = TemplateTokenizer("gemma4")
+    weather = Tool("get_weather", "Weather", json.dumps({"type": "object", "properties": {"unit": {"type": "string"}}}))
+    calls = (ToolCall("c1", "get_weather", '{"unit": "c"}'), ToolCall("c2", "get_weather", '{"unit": "f"}'))
+    history = (ChatMessage("user", "Weather?"), ChatMessage("assistant", "", tool_calls=calls),
+               ChatMessage("tool", "sunny", tool_call_id="c1"), ChatMessage("tool", '{"temp": 20}', tool_call_id="c2"))
+    fmt = model_tool_format(tokenizer)
+    text = tokenizer.apply_chat_template(chat_messages(history, (weather,), True, fmt), tools=template_tools((weather,)))
+    assert text[text.index("<|turn>model"):] == (
+        '<|turn>model\n<|tool_call>call:get_weather{unit:<|"|>c<|"|>}<tool_call|>'
+        '<|tool_call>call:get_weather{unit:<|"|>f<|"|>}<tool_call|>'
+        '<|tool_response>response:get_weather{value:<|"|>sunny<|"|>}<tool_response|>'
+        "<|tool_response>response:get_weather{temp:20}<tool_response|>"
+        "<|channel>thought\n<channel|>")

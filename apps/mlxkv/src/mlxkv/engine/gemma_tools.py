@@ -7,7 +7,8 @@ Keys are bare and come in sorted order (the template writes a past call's argume
 `dictsort`); strings are delimited by the `<|"|>` token. A schema's strings (`enum`, `maxLength`),
 integers (a small `minimum`..`maximum` range as its values), numbers, booleans, objects (their
 declared properties, the required ones always) and arrays (`items`) are translated; any other
-schema (`anyOf`, no `type`) allows any value. Parsing is mlx-lm's `gemma4` parser.
+schema (`anyOf`, no `type`) allows any value. Parsing is mlx-lm's `gemma4` parser. A call's
+results go back as the calling turn's `tool_responses`, as the template takes them.
 """
 
 from __future__ import annotations
@@ -85,6 +86,30 @@ class _Rules:
         if isinstance(low, int) and isinstance(high, int) and 0 <= high - low < _SMALL_RANGE:
             return "(" + " | ".join(f'"{n}"' for n in range(low, high + 1)) + ")"
         return "INT"
+
+
+def gemma4_history(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat-template messages as Gemma 4's template takes a call's results: as `tool_responses` of
+    the assistant turn that made the calls (`response:NAME{...}` right after them), not as turns."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        previous = out[-1] if out else None
+        if message["role"] == "tool" and previous is not None and previous.get("tool_calls"):
+            names = {c["id"]: c["function"]["name"] for c in previous["tool_calls"]}
+            previous.setdefault("tool_responses", []).append(
+                {"name": names.get(message.get("tool_call_id"), "unknown"), "response": _response(message["content"])})
+            continue
+        out.append(dict(message))
+    return out
+
+
+def _response(content: Any) -> Any:
+    """A result as the template writes it: a JSON object's fields, else the text as `value`."""
+    try:
+        parsed = json.loads(content)
+    except (TypeError, ValueError):
+        return content
+    return parsed if isinstance(parsed, dict) else content
 
 
 def _items(item: str, most: Any) -> str:

@@ -16,8 +16,7 @@ from mlxkv.engine.checkpoints import request_key
 from mlxkv.engine.harmony import harmony_answer_grammar
 from mlxkv.engine.reasoning import think_tags
 from mlxkv.engine.thinking import think_plan
-from mlxkv.engine.tool_calls import (ToolUse, chat_messages, constrained_grammar, family_history, template_tools, think_grammar,
-                                    tool_use)
+from mlxkv.engine.tool_calls import ToolUse, chat_messages, constrained_grammar, template_tools, think_grammar, tool_use
 from mlxkv.engine.tool_formats import model_tool_format
 
 
@@ -73,7 +72,7 @@ class RequestPreparer:
         tokenizer = self._tokenizer
         if request.messages is not None:
             native = template_takes_tools(tokenizer)
-            messages = chat_messages(family_history(request.messages, tools.format), tools.tools, native)
+            messages = chat_messages(request.messages, tools.tools, native, tools.format)
             chat = encode_chat(tokenizer, messages, template_tools(tools.tools) if native and tools.tools else None,
                                request.answer_start, request.enable_thinking)
             return chat.tokens, chat.history_end

@@ -21,6 +21,7 @@ from typing import Any
 from mlxkv_inference import Grammar
 from mlxkv_serve import ChatMessage, Constraint, GenerateRequest, Tool, ToolCall
 
+from mlxkv.engine.gemma_tools import gemma4_history
 from mlxkv.engine.harmony import harmony_grammar, harmony_history, json_rule
 from mlxkv.engine.thinking import ThinkPlan, think_rules
 from mlxkv.engine.tool_formats import ToolFormat, hermes_format
@@ -139,10 +140,13 @@ def split_tool_calls(text: str, tools: Sequence[Tool], id_prefix: str,
                      for i, (name, arguments) in enumerate(calls))
 
 
-def chat_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool], template_takes_tools: bool) -> list[dict[str, Any]]:
-    """`messages` as chat-template input; without template support, tools and calls become text."""
+def chat_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool], template_takes_tools: bool,
+                  fmt: ToolFormat | None = None) -> list[dict[str, Any]]:
+    """`messages` as chat-template input, in the form `fmt`'s family takes its history (see
+    `family_history`); without template support, tools and calls become text."""
     if template_takes_tools:
-        return [_template_message(m) for m in messages]
+        out = [_template_message(m) for m in (family_history(messages, fmt) if fmt is not None else messages)]
+        return gemma4_history(out) if fmt is not None and fmt.name == "gemma4" else out
     out = [_text_message(m) for m in messages]
     if tools:
         prompt = describe_tools(tools)
