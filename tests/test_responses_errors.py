@@ -106,7 +106,8 @@ def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def client(embedded_native: MlxAutoregressiveBinding, store_dir: Path) -> Iterator[TestClient]:
-    embedded = embedded_native  # the native kernels: the edge values' answers took ~2 minutes on MLX's own
+    """On the native kernels: the edge values' answers took ~2 minutes of the module on MLX's own."""
+    embedded = embedded_native
     store = DiskResponseStore(store_dir)
     store.put(StoredResponse(OTHER_MODEL_ID, "some-other-model", ({"type": "message", "role": "user",
                                                                     "content": [{"type": "input_text", "text": "x"}]},), {}))
