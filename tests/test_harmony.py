@@ -91,8 +91,10 @@ def test_a_turn_of_two_calls_renders_as_two_harmony_calls_each_followed_by_its_r
 def test_only_what_constrains_the_answer_makes_a_grammar() -> None:
     literal = LITERAL
     assert harmony_answer_grammar((), False, None, None, literal) is None
-    regex = Constraint("regex", "[a-z]+")
-    assert harmony_answer_grammar((), False, regex, None, literal) is not None
+    lark = Constraint("lark", 'start: "x"')
+    assert harmony_answer_grammar((), False, lark, None, literal) == Grammar("lark", 'start: "x"')  # applied as it is
+    regex = harmony_answer_grammar((), False, Constraint("regex", "[a-z]+/"), None, literal)
+    assert regex is not None and "final: " in regex.source and r"/[a-z]+\//" in regex.source
     assert "analysis" not in harmony_grammar(TOOLS, required=True, budget=0, literal=literal).source
 
 

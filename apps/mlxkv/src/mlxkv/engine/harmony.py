@@ -63,15 +63,22 @@ def harmony_grammar(tools: Sequence[Tool], *, required: bool, budget: int | None
 
 def harmony_answer_grammar(tools: Sequence[Tool], required: bool, constraint: Constraint | None, budget: int | None,
                            literal: MarkerLark) -> Grammar | None:
-    """An answer's grammar on a harmony model: calls of `tools`, or a final message that is the
-    user's JSON schema, each after an analysis within `budget`; None where nothing constrains it.
-    A Lark or regex constraint is applied as it is (it leaves out the channels)."""
-    if constraint is not None and constraint.kind != "json_schema" and not tools:
+    """An answer's grammar on a harmony model: calls of `tools`, or a final message that matches
+    the user's JSON schema or regex, each after an analysis within `budget`; None where nothing
+    constrains it. A Lark constraint is applied as it is (its own `start`: the channels are its to write)."""
+    if constraint is not None and constraint.kind == "lark":
         return Grammar(constraint.kind, constraint.source)
     if not tools and constraint is None and budget is None:
         return None
-    final = json_rule(json.loads(constraint.source)) if constraint is not None and constraint.kind == "json_schema" else "TEXT"
+    final = "TEXT"
+    if constraint is not None:
+        final = json_rule(json.loads(constraint.source)) if constraint.kind == "json_schema" else regex_rule(constraint.source)
     return harmony_grammar(tools, required=required, budget=budget, literal=literal, final=final)
+
+
+def regex_rule(regex: str) -> str:
+    """A Lark rule body that matches `regex`."""
+    return "/" + regex.replace("/", "\\/") + "/"
 
 
 def json_rule(schema: Any) -> str:

@@ -22,7 +22,7 @@ from mlxkv_inference import Grammar
 from mlxkv_serve import ChatMessage, Constraint, GenerateRequest, Tool, ToolCall
 
 from mlxkv.engine.gemma_tools import gemma4_history
-from mlxkv.engine.harmony import harmony_grammar, harmony_history, json_rule
+from mlxkv.engine.harmony import harmony_grammar, harmony_history, json_rule, regex_rule
 from mlxkv.engine.thinking import ThinkPlan, think_rules
 from mlxkv.engine.tool_formats import ToolFormat, hermes_format
 
@@ -80,10 +80,7 @@ def constrained_grammar(constraint: Constraint, think: ThinkPlan | None) -> Gram
     grammar is applied alone (its own `start` cannot be nested): a think section is its to allow."""
     if think is None or constraint.kind == "lark":
         return Grammar(constraint.kind, constraint.source)
-    if constraint.kind == "json_schema":
-        answer = json_rule(json.loads(constraint.source))
-    else:
-        answer = "/" + constraint.source.replace("/", "\\/") + "/"
+    answer = json_rule(json.loads(constraint.source)) if constraint.kind == "json_schema" else regex_rule(constraint.source)
     lines = [_start("answer", think), *think_rules(think, newlines=constraint.kind == "json_schema"), f"answer: {answer}"]
     return Grammar("lark", "\n".join(lines) + "\n")
 
