@@ -28,6 +28,7 @@ class ChatMessage:
     content: str
     tool_calls: tuple[ToolCall, ...] = ()  # an assistant turn's calls
     tool_call_id: str | None = None  # a tool turn: the call it answers
+    reasoning: str = ""  # an assistant turn's reasoning as the client sent it back (templates decide whether to show it)
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,12 +136,24 @@ def _message(raw: Any, index: int) -> ChatMessage:
         if not isinstance(call_id, str):
             raise RequestError(400, f"'{where}.tool_call_id' must be the id of the call this answers", f"{where}.tool_call_id")
         return ChatMessage("tool", content, tool_call_id=call_id)
-    calls = raw.get("tool_calls") if role == "assistant" else None
-    if calls is None:
+    if role != "assistant":
         return ChatMessage("system" if role == "developer" else role, content)
-    if not isinstance(calls, list):
+    calls = raw.get("tool_calls")
+    if calls is not None and not isinstance(calls, list):
         raise RequestError(400, f"'{where}.tool_calls' must be a list", f"{where}.tool_calls")
-    return ChatMessage("assistant", content, tool_calls=tuple(_past_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)))
+    return ChatMessage("assistant", content, tool_calls=tuple(_past_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls or ())),
+                       reasoning=_reasoning(raw, where))
+
+
+def _reasoning(raw: dict[str, Any], where: str) -> str:
+    """An assistant turn's `reasoning_content` sent back (vLLM's `reasoning` too)."""
+    for name in ("reasoning_content", "reasoning"):
+        value = raw.get(name)
+        if value is not None and not isinstance(value, str):
+            raise RequestError(400, f"'{where}.{name}' must be a string", f"{where}.{name}")
+        if value:
+            return value
+    return ""
 
 
 def _past_call(raw: Any, where: str) -> ToolCall:

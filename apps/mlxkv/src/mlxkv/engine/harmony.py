@@ -114,7 +114,7 @@ def harmony_history(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
             out.append(m)
             continue
         for i, call in enumerate(m.tool_calls):
-            out.append(ChatMessage("assistant", m.content if i == 0 else "", tool_calls=(call,)))
+            out.append(ChatMessage("assistant", m.content if i == 0 else "", tool_calls=(call,), reasoning=m.reasoning if i == 0 else ""))
             if call.id in results and i < len(m.tool_calls) - 1:
                 out.append(results[call.id])
                 answered.add(call.id)

@@ -192,6 +192,10 @@ def _template_message(m: ChatMessage) -> dict[str, Any]:
                                   "function": {"name": c.name, "arguments": json.loads(c.arguments)}} for c in m.tool_calls]
     if m.tool_call_id is not None:
         message["tool_call_id"] = m.tool_call_id
+    if m.reasoning:  # Qwen3's templates read `reasoning_content`, gpt-oss's `thinking` (not beside content with calls)
+        message["reasoning_content"] = m.reasoning
+        if not (m.tool_calls and m.content):
+            message["thinking"] = m.reasoning
     return message
 
 
