@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 from mlxkv.engine.local_engine import LocalEngine
 from mlxkv.engine.tool_calls import ToolUse, chat_messages, split_tool_calls, template_tools
 from mlxkv.engine.tool_formats import model_tool_format
-from mlxkv_inference import Generation, GenerationParams
+from mlxkv_inference import Generation, GenerationParams, compile_grammar
 from mlxkv_inference.tokenizer.chat import encode_chat
 from mlxkv_serve import ChatMessage, ServeConfig, Tool, ToolCall, build_app
 from tests.chat_templates import TemplateTokenizer
@@ -78,3 +78,11 @@ def test_results_go_back_as_the_calling_turns_tool_responses() -> None:
         '<|tool_response>response:get_weather{value:<|"|>sunny<|"|>}<tool_response|>'
         "<|tool_response>response:get_weather{temp:20}<tool_response|>"
         "<|channel>thought\n<channel|>")
+
+
+@pytest.mark.parametrize("schema", [{"type": "object", "properties": ["x"]}, {"type": "object", "required": "x"}, True,
+                                    {"type": "object", "properties": {'a"b\\c': {"type": "string"}}}])
+def test_odd_schemas_make_a_grammar_that_compiles(schema: object) -> None:
+    tokenizer = TemplateTokenizer("gemma4")
+    tool = Tool("f", "", json.dumps(schema))
+    compile_grammar(ToolUse((tool,), (tool,), True, False, model_tool_format(tokenizer)).grammar(), tokenizer)

@@ -34,7 +34,7 @@ _GENERIC = [
 def gemma4_rules(literal: MarkerLark, tools: Sequence[Tool], parallel: bool) -> list[str]:
     """The Lark lines of the rule `calls`: one call (or several, `parallel`) of `tools`."""
     rules = _Rules(literal(QUOTE))
-    names = [rules.add(f'"call:{tool.name}" {rules.object(json.loads(tool.parameters))}') for tool in tools]
+    names = [rules.add(f'{json.dumps("call:" + tool.name)} {rules.object(json.loads(tool.parameters))}') for tool in tools]
     call = f'call: {literal("<|tool_call>")} ({" | ".join(names)}) {literal("<tool_call|>")}'
     return ["calls: call+" if parallel else "calls: call", call, *rules.lines, *_GENERIC,
             f"gstr: {rules.quote} GTEXT {rules.quote}", r'GTEXT: /(.|\n)*/ & ~/(.|\n)*<\|"\|>(.|\n)*/']
@@ -74,11 +74,14 @@ class _Rules:
             return self.add(f'"[" {_items(self.value(schema.get("items")), schema.get("maxItems"))} "]"')
         return "gvalue"
 
-    def object(self, schema: dict[str, Any]) -> str:
+    def object(self, schema: Any) -> str:
         """`{key:VALUE,...}` over the declared properties in sorted order, required ones always."""
-        properties = schema.get("properties") or {}
-        required = set(schema.get("required") or ())
-        items = [(self.add(f'"{key}:" {self.value(properties[key])}'), key in required) for key in sorted(properties)]
+        properties = schema.get("properties") if isinstance(schema, dict) else None
+        if not isinstance(properties, dict):
+            return '"{" (KEY ":" gvalue ("," KEY ":" gvalue)*)? "}"'
+        listed = schema.get("required")
+        required = {r for r in listed if isinstance(r, str)} if isinstance(listed, list) else set()
+        items = [(self.add(f"{json.dumps(key + ':')} {self.value(properties[key])}"), key in required) for key in sorted(properties)]
         return f'"{{" {_separated(items)} "}}"' if items else '"{}"'
 
     def _integer(self, schema: dict[str, Any]) -> str:
