@@ -54,8 +54,11 @@ class TemplateTokenizer(ByteTokenizer):
         return str(self.backend.decode([i for i in ids if i <= self._last_id], skip_special_tokens=False))
 
     def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
-                            tools: Sequence[Message] | None = None, enable_thinking: bool | None = None) -> str:
-        extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+                            tools: Sequence[Message] | None = None, enable_thinking: bool | None = None,
+                            reasoning_effort: str | None = None) -> str:
+        extra: dict[str, object] = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        if reasoning_effort is not None:
+            extra["reasoning_effort"] = reasoning_effort
         return render_chat_template(self._template, messages, add_generation_prompt=add_generation_prompt,
                                     tools=[dict(t) for t in tools] if tools else None, bos_token="", eos_token="<eos>", **extra)
 

@@ -180,3 +180,23 @@ def test_a_responses_call_comes_with_its_analysis_as_a_reasoning_item(client: Te
     calls = [(i["name"], json.loads(i["arguments"])) for i in response["output"] if i["type"] == "function_call"]
     assert reasoning == ([match["reasoning"]] if match["reasoning"] else [])
     assert calls == [("get_weather", json.loads(match["arguments"]))]
+
+
+@pytest.mark.parametrize(("field", "effort", "shorter"), [("chat", "high", 2), ("chat", "low", 3), ("responses", "low", 3)])
+def test_the_reasoning_effort_reaches_the_template(client: TestClient, field: str, effort: str, shorter: int) -> None:
+    """gpt-oss's system prompt says "Reasoning: medium" unless told otherwise: OpenAI chat's
+    `reasoning_effort` and Responses' `reasoning.effort` replace the word (one token a byte here)."""
+    def prompt_tokens(**extra: Any) -> int:
+        if field == "chat":
+            usage = client.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 1, **extra}).json()["usage"]
+            return int(usage["prompt_tokens"])
+        reasoning = {"reasoning": {"effort": extra["reasoning_effort"]}} if extra else {}
+        body = {"input": ASK[0]["content"], "max_output_tokens": 1, "store": False, **reasoning}
+        return int(client.post("/v1/responses", json=body).json()["usage"]["input_tokens"])
+
+    assert prompt_tokens(reasoning_effort=effort) == prompt_tokens() - shorter
+
+
+def test_a_reasoning_effort_that_is_not_text_is_a_400(client: TestClient) -> None:
+    got = client.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 1, "reasoning_effort": 3})
+    assert got.status_code == 400 and got.json()["error"]["param"] == "reasoning_effort"

@@ -104,6 +104,7 @@ class GenerateRequest:
     # default); its think section is closed after `thinking_budget` tokens (None: no bound).
     enable_thinking: bool | None = None
     thinking_budget: int | None = None
+    reasoning_effort: str | None = None  # reaches templates that take it (gpt-oss: "low", "medium", "high")
     model: str | None = None  # which model serves it (on a server with several); it may name adapters (`NAME`, `<model id>:NAME`)
     adapters: tuple[str, ...] = ()  # mlx_lm.server's `adapters`: adapter names (or the paths they were loaded from)
 

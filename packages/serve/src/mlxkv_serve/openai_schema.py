@@ -44,7 +44,9 @@ def parse_chat(body: Any, config: ServeConfig) -> OpenAiRequest:
         max_tokens = f.integer("max_tokens", None, 1, config.max_tokens_limit)
     # vLLM's `thinking_token_budget`: the think section is closed after that many tokens (0: none).
     budget = f.integer("thinking_token_budget", None, 0, config.max_tokens_limit)
-    return _request(f, config, max_tokens, top, messages=chat, enable_thinking=_enable_thinking(f.body), thinking_budget=budget)
+    effort = f.string("reasoning_effort")
+    return _request(f, config, max_tokens, top, messages=chat, enable_thinking=_enable_thinking(f.body), thinking_budget=budget,
+                    reasoning_effort=None if effort == "none" else effort)
 
 
 def _enable_thinking(body: Any) -> bool | None:

@@ -213,7 +213,9 @@ def _thinking(raw: Any, limit: int) -> dict[str, Any]:
     budget = raw.get("max_tokens")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or not 0 <= budget <= limit):
         raise RequestError(400, f"'reasoning.max_tokens' must be an integer in [0, {limit}], got {budget!r}", "reasoning.max_tokens")
-    return {"enable_thinking": False if raw.get("effort") == "none" else None, "thinking_budget": budget}
+    effort = raw.get("effort")
+    return {"enable_thinking": False if effort == "none" else None, "thinking_budget": budget,
+            "reasoning_effort": effort if isinstance(effort, str) and effort != "none" else None}
 
 
 def _echo_tools(raw: Any) -> list[Any]:

@@ -74,7 +74,7 @@ class RequestPreparer:
             native = template_takes_tools(tokenizer)
             messages = chat_messages(request.messages, tools.tools, native, tools.format)
             chat = encode_chat(tokenizer, messages, template_tools(tools.tools) if native and tools.tools else None,
-                               request.answer_start, request.enable_thinking)
+                               request.answer_start, request.enable_thinking, request.reasoning_effort)
             return chat.tokens, chat.history_end
         if request.prompt is not None:
             return tokenizer.encode(request.prompt), None
