@@ -98,7 +98,7 @@ class ByteTokenizer:
 
     def apply_chat_template(
         self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tools: Sequence[Message] | None = None,
-        enable_thinking: bool | None = None,
+        enable_thinking: bool | None = None, reasoning_effort: str | None = None,
     ) -> str:
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
@@ -129,7 +129,7 @@ class QwenStyleByteTokenizer(ByteTokenizer):
 
     def apply_chat_template(
         self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tools: Sequence[Message] | None = None,
-        enable_thinking: bool | None = None,
+        enable_thinking: bool | None = None, reasoning_effort: str | None = None,
     ) -> str:
         return render_chat_template(QWEN_TOOLS_TEMPLATE, messages, add_generation_prompt=add_generation_prompt,
                                     tools=[dict(t) for t in tools] if tools else None)

@@ -31,7 +31,8 @@ class ThinkingByteTokenizer(ByteTokenizer):
         return str(self.backend.decode([i for i in ids if i <= CLOSE_ID], skip_special_tokens=False))
 
     def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
-                            tools: Sequence[Message] | None = None, enable_thinking: bool | None = None) -> str:
+                            tools: Sequence[Message] | None = None, enable_thinking: bool | None = None,
+                            reasoning_effort: str | None = None) -> str:
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return text + ("<assistant><think>\n" if add_generation_prompt else "")
 

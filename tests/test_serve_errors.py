@@ -149,18 +149,18 @@ BAD_MESSAGES: list[tuple[str, dict[str, Any], int]] = [
 
 
 @pytest.fixture(scope="module")
-def client(embedded: MlxAutoregressiveBinding) -> Iterator[TestClient]:
-    engine = LocalEngine(embedded, None)
-    config = ServeConfig(vocab_size=embedded.tokenizer.vocab_size, max_body_bytes=64 << 10)
+def client(embedded_native: MlxAutoregressiveBinding) -> Iterator[TestClient]:
+    engine = LocalEngine(embedded_native, None)
+    config = ServeConfig(vocab_size=embedded_native.tokenizer.vocab_size, max_body_bytes=64 << 10)
     with TestClient(build_app(engine, config), raise_server_exceptions=False) as test_client:
         yield test_client
     engine.close(30)
 
 
 @pytest.fixture(scope="module")
-def locked(embedded: MlxAutoregressiveBinding) -> Iterator[TestClient]:
-    engine = LocalEngine(embedded, None)
-    config = ServeConfig(vocab_size=embedded.tokenizer.vocab_size, api_key="s3cret")
+def locked(embedded_native: MlxAutoregressiveBinding) -> Iterator[TestClient]:
+    engine = LocalEngine(embedded_native, None)
+    config = ServeConfig(vocab_size=embedded_native.tokenizer.vocab_size, api_key="s3cret")
     with TestClient(build_app(engine, config), raise_server_exceptions=False) as test_client:
         yield test_client
     engine.close(30)
@@ -237,9 +237,9 @@ def test_json_content_type_with_parameters_is_accepted(client: TestClient) -> No
     assert client.post(CHAT, content=body, headers={"content-type": "Application/JSON; charset=utf-8"}).status_code == 200
 
 
-def test_loopback_server_refuses_foreign_host_headers(embedded: MlxAutoregressiveBinding) -> None:
-    engine = LocalEngine(embedded, None)
-    config = ServeConfig(vocab_size=embedded.tokenizer.vocab_size, allowed_hosts=loopback_hosts("127.0.0.1"))
+def test_loopback_server_refuses_foreign_host_headers(embedded_native: MlxAutoregressiveBinding) -> None:
+    engine = LocalEngine(embedded_native, None)
+    config = ServeConfig(vocab_size=embedded_native.tokenizer.vocab_size, allowed_hosts=loopback_hosts("127.0.0.1"))
     try:
         with TestClient(build_app(engine, config), raise_server_exceptions=False) as local:
             for host in ("127.0.0.1", "127.0.0.1:8080", "localhost", "LocalHost:8080"):
@@ -297,7 +297,7 @@ PREFLIGHT = {"access-control-request-method": "POST", "access-control-request-he
 
 
 def test_browsers_on_local_pages_may_call_the_api_others_only_when_allowed(locked: TestClient,
-                                                                              embedded: MlxAutoregressiveBinding) -> None:
+                                                                              embedded_native: MlxAutoregressiveBinding) -> None:
     for origin in ("http://localhost:3000", "http://127.0.0.1:8080", "https://localhost", "http://[::1]:5173"):
         # a preflight carries no API key: answered before the key check
         allowed = locked.options(CHAT, headers={"origin": origin, **PREFLIGHT})
@@ -307,10 +307,10 @@ def test_browsers_on_local_pages_may_call_the_api_others_only_when_allowed(locke
     for origin in ("https://evil.example", "http://localhost.evil.example", "http://127.0.0.1.evil.example:80"):
         assert locked.options(CHAT, headers={"origin": origin, **PREFLIGHT}).status_code == 400, origin
         assert "access-control-allow-origin" not in locked.get("/v1/models", headers={"origin": origin}).headers
-    engine = LocalEngine(embedded, None)
+    engine = LocalEngine(embedded_native, None)
     for origins, origin, echoed in ((("https://chat.example",), "https://chat.example", "https://chat.example"),
                                     (("*",), "https://any.example", "*")):
-        config = ServeConfig(vocab_size=embedded.tokenizer.vocab_size, cors_origins=origins)
+        config = ServeConfig(vocab_size=embedded_native.tokenizer.vocab_size, cors_origins=origins)
         with TestClient(build_app(engine, config), raise_server_exceptions=False) as open_to:
             assert open_to.options(CHAT, headers={"origin": origin, **PREFLIGHT}).status_code == 200
             assert open_to.get("/v1/models", headers={"origin": origin}).headers["access-control-allow-origin"] == echoed

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -14,10 +15,10 @@ from starlette.testclient import TestClient
 
 from mlxkv.engine.local_engine import LocalEngine
 from mlxkv.engine.thinking import ThinkPlan, ThinkTags, think_plan
-from mlxkv.engine.tool_calls import ToolUse, chat_messages, split_tool_calls, think_grammar
+from mlxkv.engine.tool_calls import ToolUse, chat_messages, constrained_grammar, split_tool_calls, think_grammar
 from mlxkv_inference import Generation, GenerationParams, SamplingParams
 from mlxkv_inference.tokenizer.chat import encode_chat
-from mlxkv_serve import ChatMessage, Delta, Finished, GenerateRequest, Sampling, ServeConfig, Tool, ToolCall, build_app
+from mlxkv_serve import ChatMessage, Constraint, Delta, Finished, GenerateRequest, Sampling, ServeConfig, Tool, ToolCall, build_app
 from tests.chat_templates import TemplateTokenizer
 from tests.factories import TINY_VOCAB, make_tiny_binding
 from tests.test_reasoning import CLOSE_ID, OPEN_ID, ThinkingByteTokenizer
@@ -131,3 +132,36 @@ def test_enable_thinking_false_reaches_a_template_that_takes_it(qwen3_client: tu
     assert reply["choices"][0]["message"]["content"] == raw and "reasoning_content" not in reply["choices"][0]["message"]
     bad = client.post("/v1/chat/completions", json={**body, "chat_template_kwargs": {"enable_thinking": "no"}})
     assert bad.status_code == 400 and "enable_thinking" in bad.json()["error"]["message"]
+
+
+def test_a_json_answer_follows_the_think_section_closed_at_its_budget(r1_client: TestClient) -> None:
+    """A user's JSON schema with a budget: the budget bounds the think section, the schema the answer
+    after it (OpenAI chat's `thinking_token_budget`, Responses' `reasoning.max_tokens`)."""
+    schema = {"type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"], "additionalProperties": False}
+    bias = {str(CLOSE_ID): -100}
+    chat = r1_client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 40, "thinking_token_budget": 4, "logit_bias": bias,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "clock", "schema": schema}}}).json()["choices"][0]
+    message = chat["message"]
+    assert chat["finish_reason"] == "stop" and len(ThinkingByteTokenizer().encode(message["reasoning_content"])) == 4
+    assert json.loads(message["content"]) in ({"zone": "utc"}, {"zone": "cet"})
+    response = r1_client.post("/v1/responses", json={
+        "input": "Hi", "max_output_tokens": 40, "reasoning": {"max_tokens": 4}, "store": False,
+        "text": {"format": {"type": "json_schema", "name": "clock", "schema": schema}}}).json()
+    reasoning = [i for i in response["output"] if i["type"] == "reasoning"]
+    text = [i for i in response["output"] if i["type"] == "message"][0]["content"][0]["text"]
+    assert len(ThinkingByteTokenizer().encode(reasoning[0]["summary"][0]["text"])) == 4 and json.loads(text) in ({"zone": "utc"}, {"zone": "cet"})
+
+
+def test_a_regex_answer_follows_the_think_section_closed_at_its_budget(r1_client: TestClient) -> None:
+    chat = r1_client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20, "thinking_token_budget": 3,
+        "logit_bias": {str(CLOSE_ID): -100}, "regex": "[a-c]{2}/x"}).json()["choices"][0]
+    tokenizer = ThinkingByteTokenizer()
+    grammar = constrained_grammar(Constraint("regex", "[a-c]{2}/x"), ThinkPlan(ThinkTags(OPEN_ID, CLOSE_ID), True, 3))
+    oracle = Generation(make_tiny_binding("qwen3", seed=3, tokenizer=tokenizer), tokenizer.encode(PROMPT),
+                        GenerationParams(max_tokens=20, grammar=grammar, sampling=SamplingParams(logit_bias={CLOSE_ID: -100}))).run()
+    assert oracle.token_ids.index(CLOSE_ID) == 3
+    think, _, after = oracle.text.partition("</think>")
+    assert re.fullmatch("[a-c]{2}/x", after)
+    assert (chat["finish_reason"], chat["message"]["reasoning_content"], chat["message"]["content"]) == ("stop", think, after)

@@ -10,6 +10,7 @@ from pathlib import Path
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import jinja2
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -113,8 +114,11 @@ def tokenizer_chat_template(
 ) -> str:
     if getattr(wrapper, "chat_template", None) is None:
         raise ValueError("this model has no chat template; use raw prompts")
-    return str(wrapper.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt, tools=tools,
-                                           **template_kwargs))
+    try:
+        return str(wrapper.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt, tools=tools,
+                                               **template_kwargs))
+    except jinja2.TemplateError as e:  # the template failed on these messages or tools: the caller's 400
+        raise ValueError(f"chat template error: {e}") from e
 
 
 def async_eval(*arrays: mx.array) -> None:

@@ -83,7 +83,7 @@ def _system(raw: Any, keep_billing_header: bool) -> tuple[str | None, int]:
 
 def _message(raw: Any, index: int) -> list[ChatMessage]:
     """One Anthropic message as chat turns: `tool_result` blocks become tool turns (before the
-    text); an assistant's `thinking` blocks are left out (templates drop earlier turns' thinking);
+    text); an assistant's `thinking` blocks are its reasoning (templates show it or not);
     a `system` message inside the conversation (Claude Code sends them) stays a system turn."""
     where = f"messages.{index}"
     if not isinstance(raw, dict):
@@ -108,7 +108,8 @@ def _message(raw: Any, index: int) -> list[ChatMessage]:
     if role == "assistant":
         calls = tuple(tool_fields.call(b.get("id"), b.get("name"), b.get("input"), f"{where}.content.{i}")
                       for i, b in enumerate(content) if b["type"] == "tool_use")
-        return [ChatMessage("assistant", text, tool_calls=calls)]
+        thinking = "".join(b["thinking"] for b in content if b["type"] == "thinking" and isinstance(b.get("thinking"), str))
+        return [ChatMessage("assistant", text, tool_calls=calls, reasoning=thinking)]
     results = [_tool_result(b, f"{where}.content.{i}") for i, b in enumerate(content) if b["type"] == "tool_result"]
     return results + ([ChatMessage("user", text)] if text or not results else [])
 

@@ -34,6 +34,7 @@ ROUTES = [
     Route("/v1/responses", responses_routes.create, methods=["POST"]),
     Route("/v1/responses/{response_id}", responses_routes.retrieve, methods=["GET"]),
     Route("/v1/responses/{response_id}", responses_routes.delete, methods=["DELETE"]),
+    Route("/v1/responses/{response_id}/input_items", responses_routes.list_input_items, methods=["GET"]),
     Route("/v1/messages/count_tokens", anthropic_routes.count_tokens, methods=["POST"]),
     Route("/v1/adapters", adapter_routes.add, methods=["POST"]),
     Route("/v1/adapters/{name}", adapter_routes.remove, methods=["DELETE"]),

@@ -28,6 +28,7 @@ class ChatMessage:
     content: str
     tool_calls: tuple[ToolCall, ...] = ()  # an assistant turn's calls
     tool_call_id: str | None = None  # a tool turn: the call it answers
+    reasoning: str = ""  # an assistant turn's reasoning as the client sent it back (templates decide whether to show it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +104,7 @@ class GenerateRequest:
     # default); its think section is closed after `thinking_budget` tokens (None: no bound).
     enable_thinking: bool | None = None
     thinking_budget: int | None = None
+    reasoning_effort: str | None = None  # reaches templates that take it (gpt-oss: "low", "medium", "high")
     model: str | None = None  # which model serves it (on a server with several); it may name adapters (`NAME`, `<model id>:NAME`)
     adapters: tuple[str, ...] = ()  # mlx_lm.server's `adapters`: adapter names (or the paths they were loaded from)
 

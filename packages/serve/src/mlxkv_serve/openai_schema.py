@@ -42,15 +42,19 @@ def parse_chat(body: Any, config: ServeConfig) -> OpenAiRequest:
     max_tokens = f.integer("max_completion_tokens", None, 1, config.max_tokens_limit)
     if max_tokens is None:
         max_tokens = f.integer("max_tokens", None, 1, config.max_tokens_limit)
-    return _request(f, config, max_tokens, top, messages=chat, enable_thinking=_enable_thinking(f.body))
+    # vLLM's `thinking_token_budget`: the think section is closed after that many tokens (0: none).
+    budget = f.integer("thinking_token_budget", None, 0, config.max_tokens_limit)
+    effort = f.string("reasoning_effort")
+    return _request(f, config, max_tokens, top, messages=chat, enable_thinking=_enable_thinking(f.body), thinking_budget=budget,
+                    reasoning_effort=None if effort == "none" else effort)
 
 
 def _enable_thinking(body: Any) -> bool | None:
-    """`chat_template_kwargs.enable_thinking` (vLLM's and SGLang's field; DeepSeek's `thinking` too);
-    the template's other keyword arguments are not passed on."""
+    """`chat_template_kwargs.enable_thinking` (vLLM's and SGLang's field; DeepSeek's `thinking` too),
+    else off for `reasoning_effort` "none"; the template's other keyword arguments are not passed on."""
     kwargs = body.get("chat_template_kwargs")
     if kwargs is None:
-        return None
+        return False if body.get("reasoning_effort") == "none" else None  # OpenAI's effort "none": no reasoning
     if not isinstance(kwargs, dict):
         raise RequestError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs")
     value = kwargs.get("enable_thinking", kwargs.get("thinking"))
@@ -134,12 +138,24 @@ def _message(raw: Any, index: int) -> ChatMessage:
         if not isinstance(call_id, str):
             raise RequestError(400, f"'{where}.tool_call_id' must be the id of the call this answers", f"{where}.tool_call_id")
         return ChatMessage("tool", content, tool_call_id=call_id)
-    calls = raw.get("tool_calls") if role == "assistant" else None
-    if calls is None:
+    if role != "assistant":
         return ChatMessage("system" if role == "developer" else role, content)
-    if not isinstance(calls, list):
+    calls = raw.get("tool_calls")
+    if calls is not None and not isinstance(calls, list):
         raise RequestError(400, f"'{where}.tool_calls' must be a list", f"{where}.tool_calls")
-    return ChatMessage("assistant", content, tool_calls=tuple(_past_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)))
+    return ChatMessage("assistant", content, tool_calls=tuple(_past_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls or ())),
+                       reasoning=_reasoning(raw, where))
+
+
+def _reasoning(raw: dict[str, Any], where: str) -> str:
+    """An assistant turn's `reasoning_content` sent back (vLLM's `reasoning` too)."""
+    for name in ("reasoning_content", "reasoning"):
+        value = raw.get(name)
+        if value is not None and not isinstance(value, str):
+            raise RequestError(400, f"'{where}.{name}' must be a string", f"{where}.{name}")
+        if value:
+            return value
+    return ""
 
 
 def _past_call(raw: Any, where: str) -> ToolCall:

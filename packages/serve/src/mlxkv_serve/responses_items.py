@@ -7,12 +7,13 @@ turned into chat turns.
     message (assistant)           ->  assistant (text)
     function_call (after it)      ->  the same assistant turn's tool calls
     function_call_output          ->  tool (answers a call made earlier in the conversation)
-    reasoning                     ->  nothing: the template gets no earlier thinking
+    reasoning                     ->  the reasoning of the assistant turn after it (its summary text)
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from mlxkv_serve import tool_fields
@@ -63,19 +64,26 @@ def messages(items: Sequence[Item], instructions: str | None, namespaced: Mappin
     `namespaced`: (namespace, function) -> the flat name the prompt offers it under."""
     turns: list[ChatMessage] = [ChatMessage("system", instructions)] if instructions else []
     calls: set[str] = set()
+    reasoning = ""  # reasoning items' text, for the assistant turn that follows them
     for i, entry in enumerate(items):
         kind = entry["type"]
-        if kind == "message":
-            turns.append(ChatMessage(ROLES[entry["role"]], "".join(p["text"] for p in entry["content"])))  # type: ignore[arg-type]
+        if kind == "reasoning":
+            reasoning += "".join(part["text"] for part in entry["summary"])
+        elif kind == "message":
+            role = ROLES[entry["role"]]
+            mine = reasoning if role == "assistant" else ""
+            turns.append(ChatMessage(role, "".join(p["text"] for p in entry["content"]), reasoning=mine))  # type: ignore[arg-type]
+            reasoning = reasoning if role != "assistant" else ""
         elif kind == "function_call":
             name = namespaced.get((entry.get("namespace", ""), entry["name"]), entry["name"])
             call = ToolCall(entry["call_id"], name, entry["arguments"])
             calls.add(call.id)
             last = turns[-1] if turns else None
             if last is not None and last.role == "assistant" and _open(items, i):
-                turns[-1] = ChatMessage("assistant", last.content, tool_calls=(*last.tool_calls, call))
+                turns[-1] = replace(last, tool_calls=(*last.tool_calls, call))
             else:
-                turns.append(ChatMessage("assistant", "", tool_calls=(call,)))
+                turns.append(ChatMessage("assistant", "", tool_calls=(call,), reasoning=reasoning))
+                reasoning = ""
         elif kind == "function_call_output":
             if entry["call_id"] not in calls:
                 raise RequestError(400, f"'input' has a function_call_output for call_id {entry['call_id']!r}, but no "

@@ -1,4 +1,5 @@
-"""POST /v1/responses, GET and DELETE /v1/responses/{response_id} (OpenAI Responses API)."""
+"""POST /v1/responses, GET and DELETE /v1/responses/{response_id}, GET its input_items (OpenAI
+Responses API)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from mlxkv_serve.body import read_json
 from mlxkv_serve.errors import RequestError
+from mlxkv_serve.responses_input_items import input_item_page
 from mlxkv_serve.responses_items import Item, item
 from mlxkv_serve.responses_schema import ResponsesRequest, parse_responses, previous_id
 from mlxkv_serve.responses_store import ResponseStore, StoredResponse
@@ -59,6 +61,11 @@ async def create(request: Request) -> Response:
 async def retrieve(request: Request) -> Response:
     found = await _found(request)
     return JSONResponse(found.response)
+
+
+async def list_input_items(request: Request) -> Response:
+    found = await _found(request)
+    return JSONResponse(input_item_page(found, request.query_params))
 
 
 async def delete(request: Request) -> Response:

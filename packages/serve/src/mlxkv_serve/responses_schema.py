@@ -80,7 +80,7 @@ def parse_responses(body: Any, config: ServeConfig, history: Sequence[Item] = ()
         max_tokens=config.default_max_tokens if max_tokens is None else max_tokens, default_max_tokens=max_tokens is None,
         sampling=sampling, messages=messages([*history, *items], instructions, tools.namespaced), constraint=constraint,
         tools=tools.tools, tool_choice=choice, tool_name=forced, parallel_tool_calls=parallel, speculative=speculation(f.body),
-        **selection(f.body),
+        **_thinking(f.body.get("reasoning"), config.max_tokens_limit), **selection(f.body),
     )
     echo = {"instructions": instructions, "max_output_tokens": max_tokens, "metadata": _metadata(f.body.get("metadata")),
             "parallel_tool_calls": parallel, "temperature": sampling.temperature, "top_p": sampling.top_p,
@@ -203,6 +203,19 @@ def _reasoning(raw: Any) -> dict[str, Any]:
         if raw.get(name) is not None and not isinstance(raw[name], str):
             raise RequestError(400, f"'reasoning.{name}' must be a string", f"reasoning.{name}")
     return {"effort": raw.get("effort"), "summary": raw.get("summary")}
+
+
+def _thinking(raw: Any, limit: int) -> dict[str, Any]:
+    """`reasoning.effort` "none" turns thinking off; `reasoning.max_tokens` (OpenRouter's spelling)
+    closes the think section after that many tokens."""
+    if not isinstance(raw, dict):
+        return {}
+    budget = raw.get("max_tokens")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or not 0 <= budget <= limit):
+        raise RequestError(400, f"'reasoning.max_tokens' must be an integer in [0, {limit}], got {budget!r}", "reasoning.max_tokens")
+    effort = raw.get("effort")
+    return {"enable_thinking": False if effort == "none" else None, "thinking_budget": budget,
+            "reasoning_effort": effort if isinstance(effort, str) and effort != "none" else None}
 
 
 def _echo_tools(raw: Any) -> list[Any]:

@@ -18,15 +18,12 @@ from mlxkv_inference.generation.generate import Generation
 from mlxkv_serve import Delta, Event
 
 from mlxkv.engine.logprobs import LogprobTrail
-from mlxkv.engine.reasoning import AnswerStream
+from mlxkv.engine.reasoning import AnswerStream, ThinkStart
 from mlxkv.engine.tool_calls import ToolUse
 
 KEEP_STATES = 1000
 
 Status = Literal["queued", "running", "finished", "cancelled", "failed"]
-# Where a chat answer of a reasoning model starts, known at preparation: "none" (not a chat, or the
-# model does not think), "may_open" (the answer may open a think section), "inside" (the prompt did).
-ThinkStart = Literal["none", "may_open", "inside"]
 
 
 @dataclass(slots=True)

@@ -13,10 +13,10 @@ from mlxkv_serve import GenerateRequest, PromptTooLongError, Speculation
 from mlxkv_ssd_cache import KvIdentity
 
 from mlxkv.engine.checkpoints import request_key
-from mlxkv.engine.jobs import ThinkStart
-from mlxkv.engine.reasoning import starts_thinking, think_tags
+from mlxkv.engine.harmony import harmony_answer_grammar
+from mlxkv.engine.reasoning import ThinkStart, starts_thinking, think_tags
 from mlxkv.engine.thinking import think_plan
-from mlxkv.engine.tool_calls import ToolUse, chat_messages, template_tools, think_grammar, tool_use
+from mlxkv.engine.tool_calls import ToolUse, chat_messages, constrained_grammar, template_tools, think_grammar, tool_use
 from mlxkv.engine.tool_formats import model_tool_format
 
 
@@ -74,9 +74,9 @@ class RequestPreparer:
         tokenizer = self._tokenizer
         if request.messages is not None:
             native = template_takes_tools(tokenizer)
-            messages = chat_messages(request.messages, tools.tools, native)
+            messages = chat_messages(request.messages, tools.tools, native, tools.format)
             chat = encode_chat(tokenizer, messages, template_tools(tools.tools) if native and tools.tools else None,
-                               request.answer_start, request.enable_thinking)
+                               request.answer_start, request.enable_thinking, request.reasoning_effort)
             return chat.tokens, chat.history_end
         if request.prompt is not None:
             return tokenizer.encode(request.prompt), None
@@ -90,11 +90,13 @@ class RequestPreparer:
         """Text or tool calls (after a think section), else the request's constraint, else a think
         section bounded by its budget (thinking turned off: closed at once)."""
         budget = 0 if request.enable_thinking is False else request.thinking_budget
+        if tools.format.name == "harmony" and request.messages is not None:  # channels, not think tags
+            return harmony_answer_grammar(tools.callable, tools.required, request.constraint, budget, tools.format.literal)
         plan = think_plan(self._think, prompt, budget) if request.messages is not None else None
         if tools.active:
             return tools.grammar(plan)
-        if request.constraint is not None:
-            return Grammar(request.constraint.kind, request.constraint.source)
+        if request.constraint is not None:  # after a think section bounded by its budget
+            return constrained_grammar(request.constraint, plan if plan is not None and plan.budget is not None else None)
         return think_grammar(plan) if plan is not None and plan.budget is not None and plan.budget < max_tokens else None
 
     def _think_start(self, request: GenerateRequest, prompt: list[int]) -> ThinkStart:

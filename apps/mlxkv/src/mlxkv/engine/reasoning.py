@@ -12,18 +12,40 @@ there), else when the answer's first text is `<think>`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 from mlxkv_serve import ToolCall
 
+from mlxkv.engine.harmony import HarmonySplitter
 from mlxkv.engine.thinking import ThinkTags
-from mlxkv.engine.tool_calls import ToolAnswer
+from mlxkv.engine.tool_calls import ToolAnswer, ToolUse
 
 OPEN, CLOSE = "<think>", "</think>"
 
 
 class _Tokens(Protocol):
     def encode(self, text: str, *, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+class Splitter(Protocol):
+    """Splits streamed answer text into (reasoning, text)."""
+
+    def feed(self, piece: str) -> tuple[str, str]: ...
+
+    def finish(self) -> tuple[str, str]: ...
+
+
+# Where a chat answer of a reasoning model starts, known at preparation: "none" (not a chat, or the
+# model does not think), "may_open" (the answer may open a think section), "inside" (the prompt did).
+ThinkStart = Literal["none", "may_open", "inside"]
+
+
+def answer_splitter(tools: ToolUse, chat: bool, think: ThinkStart) -> Splitter:
+    """How a chat answer's reasoning is told apart: harmony channels (gpt-oss) or a think section
+    (`think`: where the answer starts as to it, recorded when the request was prepared)."""
+    if chat and tools.format.name == "harmony":
+        return HarmonySplitter()
+    return ThinkSplitter(think != "none", think == "inside")
 
 
 def think_tags(tokenizer: _Tokens) -> ThinkTags | None:
@@ -97,7 +119,7 @@ class ThinkSplitter:
 class AnswerStream:
     """An answer as it streams: its think section apart, then its text or tool calls."""
 
-    def __init__(self, splitter: ThinkSplitter, tools: ToolAnswer) -> None:
+    def __init__(self, splitter: Splitter, tools: ToolAnswer) -> None:
         self._splitter = splitter
         self._tools = tools
         self._text = ""

@@ -12,14 +12,17 @@ section may come first (see `thinking.ThinkPlan`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mlxkv_inference import Grammar
-from mlxkv_serve import ChatMessage, GenerateRequest, Tool, ToolCall
+from mlxkv_serve import ChatMessage, Constraint, GenerateRequest, Tool, ToolCall
 
+from mlxkv.engine.gemma_tools import gemma4_history
+from mlxkv.engine.harmony import harmony_grammar, harmony_history, json_rule, regex_rule
 from mlxkv.engine.thinking import ThinkPlan, think_rules
 from mlxkv.engine.tool_formats import ToolFormat, hermes_format
 
@@ -49,7 +52,7 @@ class ToolUse:
 def tool_use(request: GenerateRequest, fmt: ToolFormat | None = None) -> ToolUse:
     """The tools a request offers (none when `tool_choice` is "none"), in the model's format `fmt`."""
     if not request.tools or request.tool_choice == "none":
-        return ToolUse(())
+        return ToolUse((), format=fmt or hermes_format())  # the format still says how the answer is read
     callable_tools = tuple(t for t in request.tools if request.tool_name in (None, t.name))
     required = request.tool_choice == "required" or request.tool_name is not None
     return ToolUse(request.tools, callable_tools, required, request.parallel_tool_calls, fmt or hermes_format())
@@ -59,6 +62,8 @@ def tool_grammar(tools: Sequence[Tool], *, required: bool, parallel: bool, fmt: 
                  think: ThinkPlan | None = None) -> Grammar:
     """A Lark grammar: [think section] then text not starting as a call does (unless `required`), or calls of `tools`."""
     fmt = fmt or hermes_format()
+    if fmt.name == "harmony":  # channels, not a think section: its analysis is unbounded here
+        return harmony_grammar(tools, required=required, budget=None, literal=fmt.literal)
     answer = "calls" if required else "TEXT | calls"
     lines = [_start(answer, think), *think_rules(think, newlines=True), *fmt.rules(tools, parallel), fmt.text_rule()]
     return Grammar("lark", "\n".join(lines) + "\n")
@@ -67,6 +72,16 @@ def tool_grammar(tools: Sequence[Tool], *, required: bool, parallel: bool, fmt: 
 def think_grammar(think: ThinkPlan) -> Grammar:
     """The think section (within its budget), then any text: for an answer with no other grammar."""
     lines = [_start("ANY", think), *think_rules(think, newlines=False), r"ANY: /(.|\n)*/"]
+    return Grammar("lark", "\n".join(lines) + "\n")
+
+
+def constrained_grammar(constraint: Constraint, think: ThinkPlan | None) -> Grammar:
+    """The user's constraint, after the think section (within its budget) where `think` says. A Lark
+    grammar is applied alone (its own `start` cannot be nested): a think section is its to allow."""
+    if think is None or constraint.kind == "lark":
+        return Grammar(constraint.kind, constraint.source)
+    answer = json_rule(json.loads(constraint.source)) if constraint.kind == "json_schema" else regex_rule(constraint.source)
+    lines = [_start("answer", think), *think_rules(think, newlines=constraint.kind == "json_schema"), f"answer: {answer}"]
     return Grammar("lark", "\n".join(lines) + "\n")
 
 
@@ -122,10 +137,13 @@ def split_tool_calls(text: str, tools: Sequence[Tool], id_prefix: str,
                      for i, (name, arguments) in enumerate(calls))
 
 
-def chat_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool], template_takes_tools: bool) -> list[dict[str, Any]]:
-    """`messages` as chat-template input; without template support, tools and calls become text."""
+def chat_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool], template_takes_tools: bool,
+                  fmt: ToolFormat | None = None) -> list[dict[str, Any]]:
+    """`messages` as chat-template input, in the form `fmt`'s family takes its history (see
+    `family_history`); without template support, tools and calls become text."""
     if template_takes_tools:
-        return [_template_message(m) for m in messages]
+        out = [_template_message(m) for m in (family_history(messages, fmt) if fmt is not None else messages)]
+        return gemma4_history(out) if fmt is not None and fmt.name == "gemma4" else out
     out = [_text_message(m) for m in messages]
     if tools:
         prompt = describe_tools(tools)
@@ -134,6 +152,25 @@ def chat_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool], templa
         else:
             out.insert(0, {"role": "system", "content": prompt})
     return out
+
+
+def family_history(messages: Sequence[ChatMessage], fmt: ToolFormat) -> Sequence[ChatMessage]:
+    """`messages` as the family's template takes them: gpt-oss one call a turn (see `harmony_history`);
+    Mistral call ids of 9 letters and digits (its templates refuse others; vLLM maps them too)."""
+    if fmt.name == "harmony":
+        return harmony_history(messages)
+    if fmt.name.startswith("mistral"):
+        return [replace(m, tool_calls=tuple(replace(c, id=_nine_chars(c.id)) for c in m.tool_calls),
+                        tool_call_id=None if m.tool_call_id is None else _nine_chars(m.tool_call_id)) for m in messages]
+    return messages
+
+
+def _nine_chars(call_id: str) -> str:
+    """A client's call id as a Mistral id: kept when it is one, else a digest of it (the same id
+    maps alike in the call and its result, and in every turn, so the prompt stays a cache prefix)."""
+    if len(call_id) == 9 and call_id.isascii() and call_id.isalnum():
+        return call_id
+    return hashlib.sha256(call_id.encode()).hexdigest()[:9]
 
 
 def template_tools(tools: Sequence[Tool]) -> list[dict[str, Any]]:
@@ -155,6 +192,10 @@ def _template_message(m: ChatMessage) -> dict[str, Any]:
                                   "function": {"name": c.name, "arguments": json.loads(c.arguments)}} for c in m.tool_calls]
     if m.tool_call_id is not None:
         message["tool_call_id"] = m.tool_call_id
+    if m.reasoning:  # Qwen3's templates read `reasoning_content`, gpt-oss's `thinking` (not beside content with calls)
+        message["reasoning_content"] = m.reasoning
+        if not (m.tool_calls and m.content):
+            message["thinking"] = m.reasoning
     return message
 
 

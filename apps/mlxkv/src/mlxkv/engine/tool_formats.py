@@ -4,13 +4,15 @@ to match the tools' schemas, and their parser.
     hermes       <tool_call>\\n{"name": N, "arguments": {...}}\\n</tool_call>   Qwen2.5/3, Hermes (and the fallback)
     qwen3_coder  <tool_call>\\n<function=N>\\n<parameter=P>\\nV\\n</parameter>\\n</function>\\n</tool_call>
     llama3_json  {"name": N, "parameters": {...}}                                Llama 3.1-3.3
-    mistral      [TOOL_CALLS] [{"name": N, "arguments": {...}}]                 Mistral v3 tokenizers
+    mistral      [TOOL_CALLS][{"name": N, "arguments": {...}}]                  Mistral v3 tokenizers (7B v0.3: "] [")
     mistral      [TOOL_CALLS]N[ARGS]{...}                                       Mistral v11+ ([ARGS] in the vocabulary)
+    harmony      <|channel|>commentary to=functions.N <|constrain|>json<|message|>{...}   gpt-oss (see `harmony`)
+    gemma4       <|tool_call>call:N{key:<|"|>text<|"|>,n:5}<tool_call|>         Gemma 4 (see `gemma_tools`)
 
 The format is chosen from the chat template's source (the markers mlx-lm's `_infer_tool_parser`
 looks for) and the vocabulary. A marker that is one token of the vocabulary is written in the
 grammar as that token (`<[id]>`, for an added token), so the model is forced the token it was
-trained on, not its spelling in bytes. Parsing uses mlx-lm's parsers where they fit (qwen3_coder, mistral); the JSON
+trained on, not its spelling in bytes. Parsing uses mlx-lm's parsers where they fit (qwen3_coder, mistral, gemma4); the JSON
 formats are parsed here (mlx-lm's json_tools is `json.loads`, and it has no Llama 3 parser).
 """
 
@@ -22,13 +24,11 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mlxkv_inference.generation.constraint import JSON_LAYOUT
 from mlxkv_serve import Tool
 
 from mlxkv.engine import _mlx_lm_tools
-
-MarkerLark = Callable[[str], str]  # marker text -> its Lark form (a token reference or a quoted string)
-Parsed = tuple[str, dict[str, Any]]  # (tool name, arguments)
+from mlxkv.engine.gemma_tools import gemma4_rules
+from mlxkv.engine.harmony import CALL_START, MarkerLark, Parsed, is_harmony, json_rule, parse_harmony_calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +39,7 @@ class ToolFormat:
     name: str
     start: str
     literal: MarkerLark
+    gap: str = ""  # what the template writes between the call marker and the calls (Mistral 7B v0.3: " ")
 
     def rules(self, tools: Sequence[Tool], parallel: bool) -> list[str]:
         return _RULES[self.name](self, tools, parallel)
@@ -63,11 +64,15 @@ class ToolFormat:
 def detect_tool_format(template: str, vocab: Collection[str], literal: MarkerLark) -> ToolFormat:
     """The call format of a model whose chat template source is `template` and whose vocabulary
     holds the added tokens `vocab`; Hermes when nothing more specific is found."""
+    if is_harmony(template):
+        return ToolFormat("harmony", CALL_START, literal)
+    if "<|tool_call>" in template and "<tool_call|>" in template:
+        return ToolFormat("gemma4", "<|tool_call>", literal)
     if "<tool_call>\n<function=" in template or "<tool_call>\\n<function=" in template:
         return ToolFormat("qwen3_coder", "<tool_call>", literal)
     if "[TOOL_CALLS]" in template or "[TOOL_CALLS]" in vocab:
         header = "[ARGS]" in template or "[ARGS]" in vocab
-        return ToolFormat("mistral_args" if header else "mistral", "[TOOL_CALLS]", literal)
+        return ToolFormat("mistral_args" if header else "mistral", "[TOOL_CALLS]", literal, " " if "[TOOL_CALLS] [" in template else "")
     if "<|python_tag|>" in template or ("<|start_header_id|>" in template and '"parameters": ' in template):
         return ToolFormat("llama3_json", "{", literal)
     return ToolFormat("hermes", "<tool_call>", literal)
@@ -98,8 +103,7 @@ def hermes_format() -> ToolFormat:
     return ToolFormat("hermes", "<tool_call>", json.dumps)
 
 
-def _json(schema: dict[str, Any]) -> str:
-    return f"%json {json.dumps({'x-guidance': JSON_LAYOUT, **schema})}"
+_json = json_rule
 
 
 def _call_schemas(tools: Sequence[Tool], arguments_key: str) -> dict[str, Any]:
@@ -147,7 +151,7 @@ def _llama3_rules(fmt: ToolFormat, tools: Sequence[Tool], parallel: bool) -> lis
 
 def _mistral_rules(fmt: ToolFormat, tools: Sequence[Tool], parallel: bool) -> list[str]:
     more = ' (", " call)*' if parallel else ""
-    return [f'calls: {fmt.literal("[TOOL_CALLS]")} " [" call{more} "]"', f"call: {_json(_call_schemas(tools, 'arguments'))}"]
+    return [f'calls: {fmt.literal("[TOOL_CALLS]")} {json.dumps(fmt.gap + "[")} call{more} "]"', f"call: {_json(_call_schemas(tools, 'arguments'))}"]
 
 
 def _mistral_args_rules(fmt: ToolFormat, tools: Sequence[Tool], parallel: bool) -> list[str]:
@@ -176,8 +180,8 @@ def _llama3_parse(fmt: ToolFormat, text: str, tools: Sequence[Tool]) -> list[Par
 
 def _mistral_parse(fmt: ToolFormat, text: str, tools: Sequence[Tool]) -> list[Parsed]:
     body = text.removeprefix("[TOOL_CALLS]")
-    if fmt.name == "mistral_args":  # mlx-lm reads one "[TOOL_CALLS]"-free run of name[ARGS]{...}
-        body = body.replace("[TOOL_CALLS]", "")
+    if fmt.name == "mistral_args":  # mlx-lm reads one "[TOOL_CALLS]"-free run of name[ARGS]{...}, without ids
+        body = re.sub(r"\[CALL_ID\][\w-]*", "", body.replace("[TOOL_CALLS]", ""))
     return _mlx_lm_tools.parse_all("mistral", body)
 
 
@@ -194,8 +198,11 @@ def _json_call(text: str, arguments_key: str) -> Parsed | None:
 _RULES: dict[str, Callable[[ToolFormat, Sequence[Tool], bool], list[str]]] = {
     "hermes": _hermes_rules, "qwen3_coder": _qwen3_coder_rules, "llama3_json": _llama3_rules,
     "mistral": _mistral_rules, "mistral_args": _mistral_args_rules,
+    "gemma4": lambda fmt, tools, parallel: gemma4_rules(fmt.literal, tools, parallel),
 }
 _PARSERS: dict[str, Callable[[ToolFormat, str, Sequence[Tool]], list[Parsed]]] = {
     "hermes": _hermes_parse, "qwen3_coder": _qwen3_coder_parse, "llama3_json": _llama3_parse,
     "mistral": _mistral_parse, "mistral_args": _mistral_parse,
+    "harmony": lambda fmt, text, tools: parse_harmony_calls(text),
+    "gemma4": lambda fmt, text, tools: _mlx_lm_tools.parse_all("gemma4", text),
 }

@@ -22,7 +22,7 @@ from mlxkv.engine.answers import Answers
 from mlxkv.engine.checkpoints import CheckpointStore
 from mlxkv.engine.jobs import Active, GenerationStatus, Job, JobQueue, StatusBook
 from mlxkv.engine.logprobs import LogprobTrail
-from mlxkv.engine.reasoning import AnswerStream, ThinkSplitter
+from mlxkv.engine.reasoning import AnswerStream, answer_splitter
 from mlxkv.engine.tool_calls import ToolAnswer
 from mlxkv.progress import PrefillLog
 
@@ -117,7 +117,7 @@ class Worker:
         self._statuses.update(job, GenerationStatus.run)
         try:
             generation = self._generation(job, read)
-            splitter = ThinkSplitter(job.think != "none", job.think == "inside")
+            splitter = answer_splitter(job.tools, job.history_end is not None, job.think)
             entry = Active(job, generation, AnswerStream(splitter, ToolAnswer(job.tools, job.handle.generation_id)))
             self._answers.push(entry, self.scheduler.add(generation), with_logprobs=True)
         except Exception as e:  # noqa: BLE001 - one failed generation must not stop the worker

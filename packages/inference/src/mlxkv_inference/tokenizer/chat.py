@@ -20,13 +20,15 @@ class ChatPrompt:
 
 
 def encode_chat(tokenizer: Tokenizer, messages: Sequence[Message], tools: Sequence[Message] | None = None,
-                answer_start: str = "", enable_thinking: bool | None = None) -> ChatPrompt:
+                answer_start: str = "", enable_thinking: bool | None = None, reasoning_effort: str | None = None) -> ChatPrompt:
     """`answer_start`: text the answer begins with (after the generation prompt), for the model to
-    continue; `enable_thinking`: the template's thinking switch (None: its default)."""
-    rendered = tokenizer.apply_chat_template(messages, tools=tools, enable_thinking=enable_thinking)
+    continue; `enable_thinking`: the template's thinking switch, `reasoning_effort` its effort
+    variable (gpt-oss's; None: the template's default)."""
+    rendered = tokenizer.apply_chat_template(messages, tools=tools, enable_thinking=enable_thinking, reasoning_effort=reasoning_effort)
     tokens = tokenizer.encode(rendered + answer_start, add_special_tokens=False)
     history = tokenizer.encode(
-        tokenizer.apply_chat_template(messages, add_generation_prompt=False, tools=tools, enable_thinking=enable_thinking),
+        tokenizer.apply_chat_template(messages, add_generation_prompt=False, tools=tools, enable_thinking=enable_thinking,
+                                      reasoning_effort=reasoning_effort),
         add_special_tokens=False,
     )
     is_prefix = 0 < len(history) < len(tokens) and tokens[: len(history)] == history

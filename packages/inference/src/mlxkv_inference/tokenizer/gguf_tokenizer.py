@@ -107,7 +107,7 @@ class GgufTokenizer:
 
     def apply_chat_template(
         self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tools: Sequence[Message] | None = None,
-        enable_thinking: bool | None = None,
+        enable_thinking: bool | None = None, reasoning_effort: str | None = None,
     ) -> str:
         if not self._template:
             raise ValueError("this model has no chat template; use raw prompts")
@@ -116,6 +116,7 @@ class GgufTokenizer:
             self._template, messages, add_generation_prompt=add_generation_prompt, bos_token=bos or "",
             tools=[dict(t) for t in tools] if tools else None,
             **({} if enable_thinking is None else {"enable_thinking": enable_thinking}),
+            **({} if reasoning_effort is None else {"reasoning_effort": reasoning_effort}),
         )
 
     def content_hash(self) -> str:

@@ -55,10 +55,12 @@ class HfTokenizer:
 
     def apply_chat_template(
         self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tools: Sequence[Message] | None = None,
-        enable_thinking: bool | None = None,
+        enable_thinking: bool | None = None, reasoning_effort: str | None = None,
     ) -> str:
         specs = [dict(t) for t in tools] if tools else None
-        extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        extra: dict[str, object] = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        if reasoning_effort is not None:
+            extra["reasoning_effort"] = reasoning_effort
         return _mlx_lm.tokenizer_chat_template(self._wrapper, [dict(m) for m in messages], add_generation_prompt, specs, **extra)
 
     def content_hash(self) -> str:

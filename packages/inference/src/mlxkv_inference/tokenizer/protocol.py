@@ -23,10 +23,11 @@ class Tokenizer(Protocol):
 
     def apply_chat_template(
         self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tools: Sequence[Message] | None = None,
-        enable_thinking: bool | None = None,
+        enable_thinking: bool | None = None, reasoning_effort: str | None = None,
     ) -> str:
         """Render `messages`; `tools` (OpenAI function specs) reach templates that take them, and so
-        does `enable_thinking` where it is not None (Qwen3's switch; other templates ignore it)."""
+        do `enable_thinking` (Qwen3's switch) and `reasoning_effort` (gpt-oss's) where they are not
+        None (other templates ignore them)."""
         ...
 
     def content_hash(self) -> str:
