@@ -162,4 +162,5 @@ def _plan(stacks: Sequence[AdapterStack | None], lengths: Sequence[int]) -> RowP
             mask[start : start + length] = [True] * length
             by_ns[stack.ns] = stack
         start += length
-    return RowPlan(tuple(RowGroup(mx.array(mask).reshape(-1, 1, 1), by_ns[ns].adapters) for ns, mask in rows.items()))
+    return RowPlan(tuple(RowGroup(mx.array(mask).reshape(-1, 1, 1), by_ns[ns].adapters,
+                                  tuple(i for i, adapted in enumerate(mask) if adapted)) for ns, mask in rows.items()))

@@ -26,11 +26,22 @@ from mlxkv_inference.adapters.files import Adapter, LowRank
 
 @dataclass(frozen=True, slots=True, eq=False)
 class RowGroup:
-    """Rows of a step (a (R, 1, 1) mask over its (R, 1, D) rows; None: every position of a lone
-    sequence's (1, L, D) input) and the adapters they run under, in order."""
+    """Rows of a step (a (R, 1, 1) mask over its (R, 1, D) rows, and their indices; None: every
+    position of a lone sequence's (1, L, D) input) and the adapters they run under, in order."""
 
     rows: mx.array | None
     adapters: tuple[Adapter, ...]
+    indices: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RowDelta:
+    """One adapter's LoRA delta on some rows of one linear layer: rows += scale * ((x @ a) @ b)."""
+
+    lora_a: mx.array
+    lora_b: mx.array
+    scale: float
+    rows: list[int]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -65,6 +76,21 @@ class AdaptedLinear(nn.Module):
             adapted = self._adapt(x, y, group.adapters)
             out = adapted if group.rows is None else mx.where(group.rows, adapted, out)
         return out
+
+    def row_deltas(self, rows: int) -> list[RowDelta] | None:
+        """This step's LoRA deltas on this layer, over its `rows` rows, in the order each row adds
+        them; None where a DoRA adapter is among them (its rescaling is not a delta)."""
+        deltas = []
+        for group in self.plan.groups:
+            indices = list(range(rows)) if group.indices is None else list(group.indices)
+            for adapter in group.adapters:
+                low = adapter.layers.get(self.path)
+                if low is None:
+                    continue
+                if low.magnitude is not None:
+                    return None
+                deltas.append(RowDelta(low.lora_a, low.lora_b, adapter.scale, indices))
+        return deltas
 
     def _adapt(self, x: mx.array, y: mx.array, adapters: Sequence[Adapter]) -> mx.array:
         out = y
