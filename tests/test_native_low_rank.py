@@ -33,14 +33,16 @@ def mlx_delta(y: mx.array, x: mx.array, a: mx.array, b: mx.array, scale: float, 
     return mx.where(mask, y + (scale * ((x @ a) @ b)).astype(x.dtype), y)
 
 
+@pytest.mark.parametrize(("inputs", "ranks", "outputs"), [(96, (8, 4), 160), (100, (20, 3), 75)])
 def test_low_rank_gives_picked_rows_the_bits_of_mlx_s_ops_in_order_and_leaves_the_others(
+        inputs: int, ranks: tuple[int, int], outputs: int,
         every_isa_and_thread_count: Callable[[], Iterator[tuple[str, int]]]) -> None:
     from mlxkv_cpu_kernels import ops
 
-    keys = mx.random.split(mx.random.key(3), 6)
-    x, y = mx.random.normal((6, 1, 96), key=keys[0]), mx.random.normal((6, 1, 160), key=keys[1])
-    a1, b1 = mx.random.normal((96, 8), key=keys[2]) * 0.1, mx.random.normal((8, 160), key=keys[3])
-    a2, b2 = mx.random.normal((96, 4), key=keys[4]) * 0.1, mx.random.normal((4, 160), key=keys[5])
+    keys = mx.random.split(mx.random.key(inputs), 6)
+    x, y = mx.random.normal((6, 1, inputs), key=keys[0]), mx.random.normal((6, 1, outputs), key=keys[1])
+    a1, b1 = mx.random.normal((inputs, ranks[0]), key=keys[2]) * 0.1, mx.random.normal((ranks[0], outputs), key=keys[3])
+    a2, b2 = mx.random.normal((inputs, ranks[1]), key=keys[4]) * 0.1, mx.random.normal((ranks[1], outputs), key=keys[5])
     # Row 3 runs under both (a stack: the first delta, then the second); rows 1 and 4 under none.
     expected = mlx_delta(mlx_delta(y, x, a1, b1, 20.0, [0, 2, 3]), x, a2, b2, 0.3, [3, 5])
     for setting in every_isa_and_thread_count():

@@ -14,21 +14,10 @@ namespace mlxkv {
 
 void low_rank_run(const float* x, int64_t K, float* y, int64_t N, const float* a, const float* b, int64_t rank,
                   float scale, const int* rows, int64_t count) {
-  const auto row = for_isa(row_avx512, row_avx2, row_generic);
-  thread_local std::vector<float> z, lanes;
-  z.resize(size_t(rank + N));
-  lanes.resize(size_t(16 * (rank > N ? rank : N)));
-  float *low = z.data(), *delta = z.data() + rank;
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t r = rows[i];
-    row(x + r * K, K, a, rank, rank, low, lanes.data());
-    row(low, rank, b, N, N, delta, lanes.data());
-    float* out = y + r * N;
-    for (int64_t n = 0; n < N; ++n) {
-      const float scaled = scale * delta[n];  // NOTE: two roundings, as MLX's multiply then add
-      out[n] = out[n] + scaled;
-    }
-  }
+  thread_local std::vector<float> scratch;
+  const int64_t kp = (K + 15) / 16 * 16;
+  scratch.resize(size_t((rank + 1) * kp + rank + N));
+  for_isa(low_rank_avx512, low_rank_avx2, low_rank_generic)(x, K, y, N, a, b, rank, scale, rows, count, scratch.data());
 }
 
 namespace {

@@ -9,7 +9,17 @@
 
 namespace mlxkv {
 
-// Rows `rows[0..count)` of y (R, N) get the delta of x (R, K); single-threaded (rank is small).
+// One instruction set's copy (low_rank_isa.cpp); scratch holds (rank + 1) * kp + rank + N floats,
+// kp = K rounded up to a multiple of 16.
+void low_rank_avx512(const float* x, int64_t K, float* y, int64_t N, const float* a, const float* b, int64_t rank,
+                     float scale, const int* rows, int64_t count, float* scratch);
+void low_rank_avx2(const float* x, int64_t K, float* y, int64_t N, const float* a, const float* b, int64_t rank,
+                   float scale, const int* rows, int64_t count, float* scratch);
+void low_rank_generic(const float* x, int64_t K, float* y, int64_t N, const float* a, const float* b, int64_t rank,
+                      float scale, const int* rows, int64_t count, float* scratch);
+
+// Rows `rows[0..count)` of y (R, N) get the delta of x (R, K), with the selected instruction set
+// on the calling thread (rank is small).
 void low_rank_run(const float* x, int64_t K, float* y, int64_t N, const float* a, const float* b, int64_t rank,
                   float scale, const int* rows, int64_t count);
 
