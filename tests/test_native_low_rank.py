@@ -46,7 +46,7 @@ def test_low_rank_gives_picked_rows_the_bits_of_mlx_s_ops_in_order_and_leaves_th
     # Row 3 runs under both (a stack: the first delta, then the second); rows 1 and 4 under none.
     expected = mlx_delta(mlx_delta(y, x, a1, b1, 20.0, [0, 2, 3]), x, a2, b2, 0.3, [3, 5])
     for setting in every_isa_and_thread_count():
-        out = ops.low_rank(y, x, [a1, a2], [b1, b2], [20.0, 0.3], [[0, 2, 3], [3, 5]])
+        out = ops.low_rank(y, x, [a1.T, a2.T], [b1, b2], [20.0, 0.3], [[0, 2, 3], [3, 5]])
         assert mx.array_equal(out, expected).item(), setting
         assert mx.array_equal(out[mx.array([1, 4])], y[mx.array([1, 4])]).item()
         assert not mx.array_equal(out[0], y[0]).item()
@@ -56,12 +56,12 @@ def test_low_rank_refuses_factors_of_another_shape_and_rows_outside_the_input() 
     from mlxkv_cpu_kernels import ops
 
     x, y = mx.zeros((4, 32)), mx.zeros((4, 48))
-    with pytest.raises(ValueError, match=r"low_rank: low-rank a must be \(32, rank\) and b \(rank, 48\)"):
-        ops.low_rank(y, x, [mx.zeros((48, 4))], [mx.zeros((4, 48))], [1.0], [[0]])
+    with pytest.raises(ValueError, match=r"low_rank: low-rank a_t must be \(rank, 32\) and b \(rank, 48\)"):
+        ops.low_rank(y, x, [mx.zeros((4, 48))], [mx.zeros((4, 48))], [1.0], [[0]])
     with pytest.raises(ValueError, match=r"low_rank: low-rank row 4 is outside 0..3"):
-        ops.low_rank(y, x, [mx.zeros((32, 4))], [mx.zeros((4, 48))], [1.0], [[1, 4]])
+        ops.low_rank(y, x, [mx.zeros((4, 32))], [mx.zeros((4, 48))], [1.0], [[1, 4]])
     with pytest.raises(ValueError, match=r"give each low-rank delta its scale, its rows"):
-        ops.low_rank(y, x, [mx.zeros((32, 4))], [mx.zeros((4, 48))], [1.0, 2.0], [[1]])
+        ops.low_rank(y, x, [mx.zeros((4, 32))], [mx.zeros((4, 48))], [1.0, 2.0], [[1]])
 
 
 def adapted_forwards(binding: MlxAutoregressiveBinding, adapters: list[Path]) -> list[np.ndarray]:

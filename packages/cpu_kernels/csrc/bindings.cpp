@@ -89,7 +89,7 @@ NB_MODULE(_ext, m) {
       "One llama-style decoder layer (input norm, q/k/v, attend, o, residual, post norm, gate/up, SwiGLU, "
       "down, residual) as one node, with the bits of the separate ops. weights: (w, scales, biases) for q, k, "
       "v, o, gate, up, down; bits and group_sizes: q/k/v, o, gate/up, down; head_norms: [] or the q and k norms' "
-      "weights (Qwen3); low_ranks: (a, b) of each LoRA delta, added to product low_rank_products[i]'s rows "
+      "weights (Qwen3); low_ranks: (a^T, b) of each LoRA delta, added to product low_rank_products[i]'s rows "
       "low_rank_rows[i] times low_rank_scales[i] as low_rank adds it. Returns [h', keys_0, values_0, ...].");
   m.def(
       "low_rank",
@@ -97,8 +97,8 @@ NB_MODULE(_ext, m) {
          const std::vector<float>& scales, const std::vector<std::vector<int>>& rows, mx::StreamOrDevice s) {
         return mlxkv::low_rank(y, x, a, b, low_rank_deltas({}, scales, rows, "low_rank"), s);
       },
-      "y"_a, "x"_a, "a"_a, "b"_a, "scales"_a, "rows"_a, nb::kw_only(), "stream"_a = nb::none(),
-      "y plus each LoRA delta scales[i] * ((x @ a[i]) @ b[i]) on the rows rows[i] (indices into x's and y's "
+      "y"_a, "x"_a, "a_t"_a, "b"_a, "scales"_a, "rows"_a, nb::kw_only(), "stream"_a = nb::none(),
+      "y plus each LoRA delta scales[i] * ((x @ a_t[i].T) @ b[i]) on the rows rows[i] (indices into x's and y's "
       "rows), in order: per row the bits of MLX's y + scale * ((x @ a) @ b) over the fixed-order BLAS shim.");
   m.def("swiglu", &mlxkv::swiglu, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(),
         "silu(gate) * up elementwise (float32), the same bits on every instruction set and thread count.");

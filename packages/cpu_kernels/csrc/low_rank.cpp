@@ -12,12 +12,12 @@
 
 namespace mlxkv {
 
-void low_rank_run(const float* x, int64_t K, float* y, int64_t N, const float* a, const float* b, int64_t rank,
+void low_rank_run(const float* x, int64_t K, float* y, int64_t N, const float* a_t, const float* b, int64_t rank,
                   float scale, const int* rows, int64_t count) {
   thread_local std::vector<float> scratch;
   const int64_t kp = (K + 15) / 16 * 16;
   scratch.resize(size_t((rank + 1) * kp + rank + N));
-  for_isa(low_rank_avx512, low_rank_avx2, low_rank_generic)(x, K, y, N, a, b, rank, scale, rows, count, scratch.data());
+  for_isa(low_rank_avx512, low_rank_avx2, low_rank_generic)(x, K, y, N, a_t, b, rank, scale, rows, count, scratch.data());
 }
 
 namespace {
@@ -28,15 +28,15 @@ void fail_unless(bool ok, const std::string& message) {
 
 }  // namespace
 
-void check_low_ranks(int64_t rows, int64_t k, int64_t n, const mx::array& a, const mx::array& b, const LowRank& delta,
+void check_low_ranks(int64_t rows, int64_t k, int64_t n, const mx::array& a_t, const mx::array& b, const LowRank& delta,
                      const char* op) {
   auto fail = [op](bool ok, const std::string& message) {
     if (!ok) throw std::invalid_argument(std::string(op) + ": " + message);
   };
-  fail(a.dtype() == mx::float32 && b.dtype() == mx::float32 && a.ndim() == 2 && b.ndim() == 2,
-       "low-rank a and b must be 2-D float32");
-  fail(a.shape(0) == k && a.shape(1) > 0 && b.shape(0) == a.shape(1) && b.shape(1) == n,
-       "low-rank a must be (" + std::to_string(k) + ", rank) and b (rank, " + std::to_string(n) + ")");
+  fail(a_t.dtype() == mx::float32 && b.dtype() == mx::float32 && a_t.ndim() == 2 && b.ndim() == 2,
+       "low-rank a_t and b must be 2-D float32");
+  fail(a_t.shape(1) == k && a_t.shape(0) > 0 && b.shape(0) == a_t.shape(0) && b.shape(1) == n,
+       "low-rank a_t must be (rank, " + std::to_string(k) + ") and b (rank, " + std::to_string(n) + ")");
   for (int r : delta.rows) fail(r >= 0 && r < rows, "low-rank row " + std::to_string(r) + " is outside 0.." + std::to_string(rows - 1));
 }
 
@@ -52,7 +52,7 @@ mx::array low_rank(const mx::array& y, const mx::array& x, const std::vector<mx:
   std::vector<mx::array> inputs{y, x};
   for (size_t i = 0; i < deltas.size(); ++i) {
     check_low_ranks(rows, k, n, a[i], b[i], deltas[i], "low_rank");
-    deltas[i].rank = a[i].shape(1);
+    deltas[i].rank = a[i].shape(0);
     for (const auto* m : {&a[i], &b[i]}) {
       inputs.push_back(m->status() != mx::array::unscheduled && m->flags().row_contiguous ? *m : mx::contiguous(*m, false, stream));
     }

@@ -72,12 +72,17 @@ void delta_times(const float* low, int64_t rank, const float* b, int64_t n, floa
   if (j0 < n) row_times(low, rank, b + j0, n, n - j0, out + j0);
 }
 
-void rows_delta(const float* x, int64_t K, float* y, int64_t N, const float* a, const float* b, int64_t rank,
+void rows_delta(const float* x, int64_t K, float* y, int64_t N, const float* a_t, const float* b, int64_t rank,
                 float scale, const int* rows, int64_t count, float* scratch) {
+  if (count == 0) return;
   const int64_t kp = (K + 15) / 16 * 16;
-  float *at = scratch, *padded = at + rank * kp, *low = padded + kp, *delta = low + rank;
-  for (int64_t j = 0; j < rank; ++j) {
-    for (int64_t k = 0; k < kp; ++k) at[j * kp + k] = k < K ? a[k * rank + j] : 0.0f;
+  float *padded_a = scratch, *padded = padded_a + rank * kp, *low = padded + kp, *delta = low + rank;
+  const float* at = a_t;  // read in place where its rows need no zero padding
+  if (kp != K) {
+    for (int64_t j = 0; j < rank; ++j) {
+      for (int64_t k = 0; k < kp; ++k) padded_a[j * kp + k] = k < K ? a_t[j * K + k] : 0.0f;
+    }
+    at = padded_a;
   }
   for (int64_t k = K; k < kp; ++k) padded[k] = 0.0f;
   for (int64_t i = 0; i < count; ++i) {
@@ -100,19 +105,19 @@ void rows_delta(const float* x, int64_t K, float* y, int64_t N, const float* a, 
 }  // namespace
 
 #if QMM_ISA == 3
-void low_rank_avx512(const float* x, int64_t K, float* y, int64_t N, const float* a, const float* b, int64_t rank,
+void low_rank_avx512(const float* x, int64_t K, float* y, int64_t N, const float* a_t, const float* b, int64_t rank,
                      float scale, const int* rows, int64_t count, float* scratch) {
-  rows_delta(x, K, y, N, a, b, rank, scale, rows, count, scratch);
+  rows_delta(x, K, y, N, a_t, b, rank, scale, rows, count, scratch);
 }
 #elif QMM_ISA == 2
-void low_rank_avx2(const float* x, int64_t K, float* y, int64_t N, const float* a, const float* b, int64_t rank,
+void low_rank_avx2(const float* x, int64_t K, float* y, int64_t N, const float* a_t, const float* b, int64_t rank,
                    float scale, const int* rows, int64_t count, float* scratch) {
-  rows_delta(x, K, y, N, a, b, rank, scale, rows, count, scratch);
+  rows_delta(x, K, y, N, a_t, b, rank, scale, rows, count, scratch);
 }
 #else
-void low_rank_generic(const float* x, int64_t K, float* y, int64_t N, const float* a, const float* b, int64_t rank,
+void low_rank_generic(const float* x, int64_t K, float* y, int64_t N, const float* a_t, const float* b, int64_t rank,
                       float scale, const int* rows, int64_t count, float* scratch) {
-  rows_delta(x, K, y, N, a, b, rank, scale, rows, count, scratch);
+  rows_delta(x, K, y, N, a_t, b, rank, scale, rows, count, scratch);
 }
 #endif
 

@@ -467,7 +467,7 @@ std::vector<mx::array> decoder_layer(
     const int p = deltas[i].product;
     fail(p >= 0 && p < 7, "a delta's product is 0..6 (q, k, v, o, gate, up, down), got " + std::to_string(p));
     check_low_ranks(kv.rows, inputs_of[p], out_features(p), low_ranks[2 * i], low_ranks[2 * i + 1], deltas[i], op);
-    deltas[i].rank = low_ranks[2 * i].shape(1);
+    deltas[i].rank = low_ranks[2 * i].shape(0);
   }
   auto stream = mx::to_stream(s);
   fail(stream.device == mx::Device::cpu, "the native kernel runs on the CPU device only");

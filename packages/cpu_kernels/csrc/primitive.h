@@ -40,7 +40,7 @@ class NativeQuantizedMatmul : public mx::Primitive {
 };
 
 // One adapter's low-rank delta (low_rank.h) on some rows of a product: which product of a decoder
-// layer (0..6: q, k, v, o, gate, up, down; low_rank: 0), its scale, its rank (set from a's shape
+// layer (0..6: q, k, v, o, gate, up, down; low_rank: 0), its scale, its rank (set from a_t's shape
 // when the op is built) and the rows (indices into the product's rows) it adds to.
 struct LowRank {
   int product = 0;
@@ -50,12 +50,12 @@ struct LowRank {
   bool operator==(const LowRank&) const = default;
 };
 
-// Throws std::invalid_argument (naming `op`) unless a is (k, rank), b (rank, n), both float32,
+// Throws std::invalid_argument (naming `op`) unless a_t is (rank, k), b (rank, n), both float32,
 // and the delta's rows lie in 0..rows-1.
-void check_low_ranks(int64_t rows, int64_t k, int64_t n, const mx::array& a, const mx::array& b, const LowRank& delta,
+void check_low_ranks(int64_t rows, int64_t k, int64_t n, const mx::array& a_t, const mx::array& b, const LowRank& delta,
                      const char* op);
 
-// y + each delta i (a[i], b[i]) on its rows of x, in order: the bits of MLX's
+// y + each delta i (a_t[i] = a^T, b[i]) on its rows of x, in order: the bits of MLX's
 // `y + scale * ((x @ a) @ b)` over the fixed-order BLAS shim, per row. x (..., K) and y (..., N)
 // float32 with the same rows.
 mx::array low_rank(const mx::array& y, const mx::array& x, const std::vector<mx::array>& a, const std::vector<mx::array>& b,
@@ -129,7 +129,7 @@ struct LayerQuant {
 // h float32 (..., D); weights: (w, scales, biases) for q, k, v, o, gate, up, down in that order
 // (21 arrays, MLX's affine layout, no bias); head_norms: none, or the q and k norms' weights
 // (head size,) applied to each head of q and k before RoPE (Qwen3); positions, buffers, rows,
-// scale, inv_freq and rope as attend takes them; low_ranks: (a, b) per delta, each delta added to
+// scale, inv_freq and rope as attend takes them; low_ranks: (a_t, b) per delta, each delta added to
 // its product's output rows before anything reads them (LoRA adapters: a row's delta is the bits
 // low_rank gives it). Returns [out (h's shape), keys_0, values_0, ...] like attend.
 std::vector<mx::array> decoder_layer(

@@ -62,7 +62,7 @@ def decoder_layer(
 def low_rank(
     y: mx.array,
     x: mx.array,
-    a: list[mx.array],
+    a_t: list[mx.array],
     b: list[mx.array],
     scales: list[float],
     rows: list[list[int]],

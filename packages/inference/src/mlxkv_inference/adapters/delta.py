@@ -36,9 +36,10 @@ class RowGroup:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class RowDelta:
-    """One adapter's LoRA delta on some rows of one linear layer: rows += scale * ((x @ a) @ b)."""
+    """One adapter's LoRA delta on some rows of one linear layer: rows += scale * ((x @ a) @ b),
+    a given transposed (r, in)."""
 
-    lora_a: mx.array
+    lora_a_t: mx.array
     lora_b: mx.array
     scale: float
     rows: list[int]
@@ -58,6 +59,7 @@ class AdaptedLinear(nn.Module):
     path: str
     plan: RowPlan
     denominators: dict[str, mx.array]
+    derived: tuple[RowPlan, int, list[RowDelta] | None] | None  # row_deltas of the plan it last saw
 
     def __init__(self, base: nn.Module, path: str) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # mlx leaves it untyped
@@ -66,6 +68,7 @@ class AdaptedLinear(nn.Module):
         object.__setattr__(self, "path", path)
         object.__setattr__(self, "plan", RowPlan(()))
         object.__setattr__(self, "denominators", {})
+        object.__setattr__(self, "derived", None)
 
     def __call__(self, x: mx.array) -> mx.array:
         y: mx.array = self.base(x)
@@ -80,6 +83,14 @@ class AdaptedLinear(nn.Module):
     def row_deltas(self, rows: int) -> list[RowDelta] | None:
         """This step's LoRA deltas on this layer, over its `rows` rows, in the order each row adds
         them; None where a DoRA adapter is among them (its rescaling is not a delta)."""
+        derived = self.derived
+        if derived is not None and derived[0] is self.plan and derived[1] == rows:
+            return derived[2]
+        deltas = self._row_deltas(rows)
+        object.__setattr__(self, "derived", (self.plan, rows, deltas))
+        return deltas
+
+    def _row_deltas(self, rows: int) -> list[RowDelta] | None:
         deltas = []
         for group in self.plan.groups:
             indices = list(range(rows)) if group.indices is None else list(group.indices)
@@ -89,7 +100,8 @@ class AdaptedLinear(nn.Module):
                     continue
                 if low.magnitude is not None:
                     return None
-                deltas.append(RowDelta(low.lora_a, low.lora_b, adapter.scale, indices))
+                a_t = low.lora_a_t if low.lora_a_t is not None else low.lora_a.T
+                deltas.append(RowDelta(a_t, low.lora_b, adapter.scale, indices))
         return deltas
 
     def _adapt(self, x: mx.array, y: mx.array, adapters: Sequence[Adapter]) -> mx.array:

@@ -67,7 +67,7 @@ def fused_forward(layer: Any, h: mx.array, caches: Sequence[Any], rows: Sequence
         return None
     attn, rope, linears, quant = parts
     adapted = _adapted_linears(layer)
-    deltas = _deltas(adapted, sum(rows)) if adapted else ([], [], [], [])
+    deltas = _deltas(layer, adapted, sum(rows)) if adapted else ([], [], [], [])
     if deltas is None:
         return None
     buffers = [b for s in sequences for b in s.buffers(attn.n_kv_heads, head_dim(attn))]
@@ -114,8 +114,20 @@ def _adapted_linears(layer: Any) -> list[tuple[int, AdaptedLinear]]:
     return [(index, module) for index, module in found if isinstance(module, AdaptedLinear)]
 
 
-def _deltas(adapted: list[tuple[int, AdaptedLinear]], rows: int) -> LayerDeltas | None:
-    """The step's LoRA deltas on the adapted linears (None: one the fused node cannot add)."""
+def _deltas(layer: Any, adapted: list[tuple[int, AdaptedLinear]], rows: int) -> LayerDeltas | None:
+    """The step's LoRA deltas on the adapted linears (None: one the fused node cannot add), kept
+    beside the layer while the adapter bank's plan lasts (a batch keeps it for many steps)."""
+    key = (adapted[0][1].plan, rows, [wrapper for _, wrapper in adapted])
+    cached: tuple[Any, int, list[AdaptedLinear], LayerDeltas | None] | None = getattr(layer, "_mlxkv_deltas", None)
+    if cached is not None and cached[0] is key[0] and cached[1] == rows and len(cached[2]) == len(key[2]) \
+            and all(a is b for a, b in zip(cached[2], key[2])):
+        return cached[3]
+    deltas = _derive_deltas(adapted, rows)
+    object.__setattr__(layer, "_mlxkv_deltas", (*key, deltas))  # not a parameter: beside the module tree
+    return deltas
+
+
+def _derive_deltas(adapted: list[tuple[int, AdaptedLinear]], rows: int) -> LayerDeltas | None:
     found = []
     for index, wrapper in adapted:
         row_deltas = wrapper.row_deltas(rows)

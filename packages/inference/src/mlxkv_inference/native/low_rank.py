@@ -33,10 +33,10 @@ def layer_deltas(deltas: Sequence[tuple[int, Sequence[RowDelta]]]) -> LayerDelta
     rows: list[list[int]] = []
     for product, row_deltas in deltas:
         for delta in row_deltas:
-            a, b = delta.lora_a, delta.lora_b
-            if a.dtype != mx.float32 or not native_deltas_exact(int(a.shape[0]), int(a.shape[1]), int(b.shape[1])):
+            a_t, b = delta.lora_a_t, delta.lora_b
+            if a_t.dtype != mx.float32 or not native_deltas_exact(int(a_t.shape[1]), int(a_t.shape[0]), int(b.shape[1])):
                 return None
-            factors += [a, b]
+            factors += [a_t, b]
             products.append(product)
             scales.append(delta.scale)
             rows.append(delta.rows)
@@ -68,7 +68,7 @@ def _agrees(shape: tuple[int, int, int]) -> bool:
     for m in range(1, _PROBED_ROWS + 1):
         for xs, ys in ((x[:m], y[:m]), (x[:m].reshape(1, m, inputs), y[:m].reshape(1, m, outputs))):
             expected = ys + (scale * ((xs @ a) @ b)).astype(xs.dtype)  # adapters/delta.py's ops
-            native = ops.low_rank(ys, xs, [a], [b], [scale], [list(range(m))])
+            native = ops.low_rank(ys, xs, [a.T], [b], [scale], [list(range(m))])
             if not mx.array_equal(native, expected).item():
                 return False
     return True
