@@ -4,8 +4,9 @@ base alone, in one run (same prompts, same lengths, the scheduler batching them;
 The adapters are random, shaped as `mlx_lm.lora` trains by default: rank 8 on the seven linears of
 the last 16 layers (the speed does not depend on the values). Runs alternate; medians compared.
 Then the wall time of one decode step over the streams (one token each, after a 24-token
-prompt), base alone, the mix, and one adapter on every row, alternating: the minimum of
-`--step-repeats` (the streams' rates move with the machine's load; the minimum is the step's cost).
+prompt), base alone, the mix, and one adapter on every row, alternating `--step-repeats` times:
+each one's minimum, and the median over the rounds of base / mix (the streams' rates move with the
+machine's load; a ratio of neighbouring steps moves much less).
 Run: `uv run python -m tools.bench_adapters [--streams 8 --max-tokens 64 --repeats 3 --step-repeats 24]`.
 """
 
@@ -76,8 +77,9 @@ def run_streams(binding: MlxAutoregressiveBinding, stacks: list[AdapterStack], m
         time.perf_counter() - started)
 
 
-def step_times(binding: MlxAutoregressiveBinding, mixes: dict[str, list[AdapterStack]], repeats: int) -> dict[str, float]:
-    """Minimum wall seconds of one batched decode step per mix (the steps alternate)."""
+def step_times(binding: MlxAutoregressiveBinding, mixes: dict[str, list[AdapterStack]],
+               repeats: int) -> dict[str, list[float]]:
+    """Wall seconds of one batched decode step per mix, `repeats` rounds (the mixes alternate)."""
     sequences: dict[str, list[list[LayerCache]]] = {}
     for name, stacks in mixes.items():
         sequences[name] = []
@@ -85,14 +87,14 @@ def step_times(binding: MlxAutoregressiveBinding, mixes: dict[str, list[AdapterS
             caches = binding.adapters.tag(binding.make_cache(), stack) if stack.adapters else binding.make_cache()
             binding.prefill([1 + (7 * i + j) % 1000 for j in range(24)], caches)
             sequences[name].append(caches)
-    best = {name: float("inf") for name in mixes}
+    times: dict[str, list[float]] = {name: [] for name in mixes}
     for _ in range(repeats):
         for name, batch in sequences.items():
             tokens = mx.array([5] * len(batch))
             started = time.perf_counter()
             mx.eval(binding.decode_batch(tokens, batch))
-            best[name] = min(best[name], time.perf_counter() - started)
-    return best
+            times[name].append(time.perf_counter() - started)
+    return times
 
 
 def main() -> None:
@@ -122,9 +124,10 @@ def main() -> None:
     print(f"  3 adapters (rank 8, 16 layers x 7 linears) + base: {mixed_tps:7.1f} tok/s  "
           f"{[round(x, 1) for x in runs['adapters']]}")
     print(f"  ratio adapters / base: {mixed_tps / base_tps:.2f}x (target >= 0.8x)")
+    pairs = statistics.median(b / m for b, m in zip(steps["base"], steps["mix"], strict=True))
     print(f"one {args.streams}-row decode step, minimum of {args.step_repeats}: "
-          + ", ".join(f"{name} {1000 * seconds:.1f} ms" for name, seconds in steps.items())
-          + f"; base / mix {steps['base'] / steps['mix']:.2f}x")
+          + ", ".join(f"{name} {1000 * min(seconds):.1f} ms" for name, seconds in steps.items())
+          + f"; base / mix, median of the rounds: {pairs:.2f}x")
     load = os.getloadavg()
     print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
