@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
@@ -74,6 +75,26 @@ class AdapterBank:
     def adapted(self, caches: Sequence[LayerCache]) -> bool:
         """Whether forwards over `caches` run under adapters of this bank."""
         return self._stack(caches) is not None
+
+    def stack_of(self, caches: Sequence[LayerCache]) -> AdapterStack:
+        """The adapters forwards over `caches` run under here (empty: the base model)."""
+        return self._stack(caches) or AdapterStack()
+
+    def restricted(self, stack: AdapterStack) -> AdapterStack | None:
+        """`stack` cut to the modules this bank's model has (a layer-skip draft: the target's first
+        layers), each adapter keeping its digest; None where a module it keeps does not fit."""
+        modules = self._modules()
+        kept = []
+        for adapter in stack.adapters:
+            layers = {path: low for path, low in adapter.layers.items() if path in modules}
+            if layers:
+                kept.append(adapter if len(layers) == len(adapter.layers) else replace(adapter, layers=layers))
+        try:
+            for adapter in kept:
+                self.check(adapter)
+        except AdapterMismatchError:
+            return None
+        return AdapterStack(tuple(kept))
 
     def rows_exact(self, sequences: Sequence[Sequence[LayerCache]], rows: int) -> bool:
         """Whether the adapters of `sequences` give each of up to `rows` rows of a step its bits
