@@ -3,12 +3,12 @@ drafts of the step open, and how many drafts a round may verify exactly from whe
 
 from __future__ import annotations
 
+from mlxkv_inference.adapters.files import AdapterStack
 from mlxkv_inference.binding import MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.rounds import round_fits
 from mlxkv_inference.generation.checkpoints import CheckpointSchedule
 from mlxkv_inference.generation.sequence import SequenceState
-from mlxkv_inference.adapters.files import AdapterStack
 from mlxkv_inference.speculative.proposers import DraftModel, DraftState, PromptLookup, Proposer, draft_adapters
 from mlxkv_inference.speculative.speculation import SpeculativeParams
 from mlxkv_inference.speculative.speculator import Speculator

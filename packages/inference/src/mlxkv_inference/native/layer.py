@@ -138,10 +138,10 @@ def _derive_deltas(adapted: list[tuple[int, AdaptedLinear]], rows: int) -> Layer
 
 
 def _fused_parts(layer: Any) -> _Parts | None:
-    """(attention, its RoPE as the kernel applies it, the seven linears q k v o gate up down (the
-    base layers of adapted ones), (bits,
-    group size) of q/k/v, o, gate/up and down) when the fused node computes exactly what the layer's modules do; worked out
-    once per set of modules (~20 us, 30 layers a step) and again when one is swapped (an adapter)."""
+    """(attention, its RoPE as the kernel applies it, the seven linears q k v o gate up down (an
+    adapted one's base layer), (bits, group size) of q/k/v, o, gate/up and down) when the fused
+    node computes exactly what the layer's modules do; worked out once per set of modules (~20 us,
+    30 layers a step) and again when one is swapped (an adapter)."""
     # Modules are dicts of their children: item lookups, a fraction of attribute lookups' cost.
     attn, mlp = layer["self_attn"], layer["mlp"]
     modules = (layer["input_layernorm"], layer["post_attention_layernorm"], attn, mlp, attn["q_proj"], attn["k_proj"],
