@@ -9,8 +9,10 @@
 
 #include "attention.h"
 #include "mlx/backend/cpu/encoder.h"
+#include "low_rank.h"
 #include "qmm.h"
 #include "activations.h"
+#include "floats.h"
 
 namespace mlxkv {
 
@@ -29,46 +31,6 @@ mx::cpu::CommandEncoder& encode_one_output(mx::Stream stream, const std::vector<
   encoder.set_output_array(out);
   return encoder;
 }
-
-// dst = the elements of a strided array, in row-major order.
-void gather(const float* src, const mx::Shape& shape, const mx::Strides& strides, float* dst) {
-  const int nd = int(shape.size());
-  int64_t total = 1;
-  for (int d = 0; d < nd; ++d) total *= shape[d];
-  std::vector<int64_t> index(nd, 0);
-  int64_t offset = 0;
-  for (int64_t i = 0; i < total; ++i) {
-    dst[i] = src[offset];
-    for (int d = nd - 1; d >= 0; --d) {
-      if (++index[d] < shape[d]) {
-        offset += strides[d];
-        break;
-      }
-      offset -= strides[d] * (shape[d] - 1);
-      index[d] = 0;
-    }
-  }
-}
-
-// An input's floats as a kernel reads them (row-major): its own buffer when row-contiguous, else
-// gathered into the caller's scratch. Captured by value at eval_cpu, read in the dispatched task.
-struct Floats {
-  const float* data;
-  mx::Shape shape;
-  mx::Strides strides;
-  bool dense;
-  int64_t size;
-
-  static Floats of(const mx::array& a) {
-    return {a.data<float>(), a.shape(), a.strides(), a.flags().row_contiguous, int64_t(a.size())};
-  }
-
-  const float* read(float* scratch) const {
-    if (dense) return data;
-    gather(data, shape, strides, scratch);
-    return scratch;
-  }
-};
 
 // attend's inputs: q, k, v, positions, inv_freq, then the buffers.
 constexpr size_t kFirstBuffer = 5;
@@ -453,9 +415,10 @@ bool NativeAttention::is_equivalent(const mx::Primitive& other) const {
 namespace {
 
 // decoder_layer's inputs: h, the two norms' weights, positions, inv_freq, 21 weight arrays, the q
-// and k norms' weights where the layer has them, buffers.
+// and k norms' weights where the layer has them, each low-rank delta's (a, b), buffers.
 constexpr size_t kLayerWeights = 5, kHeadNorms = kLayerWeights + 21;
-size_t first_buffer(bool head_norms) { return kHeadNorms + (head_norms ? 2 : 0); }
+size_t first_low_rank(bool head_norms) { return kHeadNorms + (head_norms ? 2 : 0); }
+size_t first_buffer(bool head_norms, size_t deltas) { return first_low_rank(head_norms) + 2 * deltas; }
 // The four products' weights, as (first weight, count) among the seven.
 constexpr int kProductFirst[4] = {0, 3, 4, 6}, kProductCount[4] = {3, 1, 2, 1};
 
@@ -465,7 +428,8 @@ std::vector<mx::array> decoder_layer(
     const mx::array& h, const mx::array& input_norm, const mx::array& post_norm, float eps,
     const std::vector<mx::array>& weights, LayerQuant quant, const std::vector<mx::array>& head_norms,
     const mx::array& positions, const std::vector<mx::array>& buffers, std::vector<int> rows, float scale,
-    const mx::array& inv_freq, Rope rope, mx::StreamOrDevice s) {
+    const mx::array& inv_freq, Rope rope, const std::vector<mx::array>& low_ranks, std::vector<LowRank> deltas,
+    mx::StreamOrDevice s) {
   constexpr const char* op = "decoder_layer";
   auto fail = [](bool ok, const std::string& message) { check(ok, message, op); };
   fail(h.dtype() == mx::float32 && h.ndim() >= 1 && h.shape().back() > 0, "h must be float32 with a non-empty last axis");
@@ -498,6 +462,13 @@ std::vector<mx::array> decoder_layer(
            "weights of one product (q/k/v, gate/up) must have scales of one dtype");
     }
   }
+  fail(low_ranks.size() == 2 * deltas.size(), "low_ranks are (a, b) for each delta");
+  for (size_t i = 0; i < deltas.size(); ++i) {
+    const int p = deltas[i].product;
+    fail(p >= 0 && p < 7, "a delta's product is 0..6 (q, k, v, o, gate, up, down), got " + std::to_string(p));
+    check_low_ranks(kv.rows, inputs_of[p], out_features(p), low_ranks[2 * i], low_ranks[2 * i + 1], deltas[i], op);
+    deltas[i].rank = low_ranks[2 * i].shape(0);
+  }
   auto stream = mx::to_stream(s);
   fail(stream.device == mx::Device::cpu, "the native kernel runs on the CPU device only");
   auto dense = [&](const mx::array& a) {
@@ -506,18 +477,21 @@ std::vector<mx::array> decoder_layer(
   std::vector<mx::array> inputs{h, input_norm, post_norm, positions, inv_freq};
   for (const auto& w : weights) inputs.push_back(dense(w));
   inputs.insert(inputs.end(), head_norms.begin(), head_norms.end());
+  for (const auto& m : low_ranks) inputs.push_back(dense(m));
   inputs.insert(inputs.end(), buffers.begin(), buffers.end());
   std::vector<mx::Shape> shapes{h.shape()};
   for (const auto& b : buffers) shapes.push_back(b.shape());
   return mx::array::make_arrays(
       std::move(shapes), std::vector<mx::Dtype>(1 + buffers.size(), mx::float32),
-      std::make_shared<NativeDecoderLayer>(stream, eps, quant, !head_norms.empty(), std::move(rows), scale, rope),
+      std::make_shared<NativeDecoderLayer>(stream, eps, quant, !head_norms.empty(), std::move(rows), scale, rope,
+                                           std::move(deltas)),
       std::move(inputs));
 }
 
 void NativeDecoderLayer::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& encoder = mx::cpu::get_command_encoder(stream());
-  AttendJob job = encode_attention(encoder, inputs, outputs, first_buffer(head_norms_), rows_, scale_, rope_);
+  AttendJob job = encode_attention(encoder, inputs, outputs, first_buffer(head_norms_, deltas_.size()), rows_, scale_,
+                                   rope_);
   const mx::array& h = inputs[0];
   const int64_t D = h.shape().back(), R = int64_t(h.size()) / D;
   // No head norms: empty reads (Floats of the h input, never read).
@@ -540,7 +514,11 @@ void NativeDecoderLayer::eval_cpu(const std::vector<mx::array>& inputs, std::vec
     }
   }
   job.heads = products[0].N / job.dim;
-  encoder.dispatch([h = Floats::of(h), input_norm = Floats::of(inputs[1]), post_norm = Floats::of(inputs[2]), q_norm,
+  std::vector<const float*> factors;  // each delta's a and b (dense: see decoder_layer)
+  for (size_t i = first_low_rank(head_norms_); i < first_buffer(head_norms_, deltas_.size()); ++i) {
+    factors.push_back(inputs[i].data<float>());
+  }
+  encoder.dispatch([factors = std::move(factors), deltas = deltas_, h = Floats::of(h), input_norm = Floats::of(inputs[1]), post_norm = Floats::of(inputs[2]), q_norm,
                     k_norm, head_norms = head_norms_, out = outputs[0].data<float>(), products, job = std::move(job),
                     eps = eps_, R, D]() mutable {
     const int64_t nq = products[0].N, nkv = products[1].N, ffn = products[4].N, dim = job.dim;
@@ -573,6 +551,13 @@ void NativeDecoderLayer::eval_cpu(const std::vector<mx::array>& inputs, std::vec
         products[size_t(i++)].y = y;
       }
       qmm_run(products.data() + first, count);
+      for (size_t d = 0; d < deltas.size(); ++d) {  // adapters' deltas, in order, before anything reads y
+        const LowRank& delta = deltas[d];
+        if (delta.product < first || delta.product >= first + count) continue;
+        const QmmArgs& p = products[size_t(delta.product)];
+        low_rank_run(x, p.K, p.y, p.N, factors[2 * d], factors[2 * d + 1], delta.rank, delta.scale, delta.rows.data(),
+                     int64_t(delta.rows.size()));
+      }
     };
     rms_norm_run(hd, w1, normed, R, D, eps);
     run(0, 3, normed, {q, k, v});
@@ -599,14 +584,14 @@ void NativeDecoderLayer::eval_gpu(const std::vector<mx::array>&, std::vector<mx:
 
 std::vector<mx::Shape> NativeDecoderLayer::output_shapes(const std::vector<mx::array>& inputs) {
   std::vector<mx::Shape> shapes{inputs[0].shape()};
-  for (size_t i = first_buffer(head_norms_); i < inputs.size(); ++i) shapes.push_back(inputs[i].shape());
+  for (size_t i = first_buffer(head_norms_, deltas_.size()); i < inputs.size(); ++i) shapes.push_back(inputs[i].shape());
   return shapes;
 }
 
 bool NativeDecoderLayer::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const NativeDecoderLayer&>(other);
   return eps_ == o.eps_ && quant_ == o.quant_ && head_norms_ == o.head_norms_ && rows_ == o.rows_ &&
-         scale_ == o.scale_ && rope_ == o.rope_;
+         scale_ == o.scale_ && rope_ == o.rope_ && deltas_ == o.deltas_;
 }
 
 mx::array swiglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <array>
+#include <vector>
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
@@ -36,6 +37,42 @@ class NativeQuantizedMatmul : public mx::Primitive {
  private:
   int group_size_;
   int bits_;
+};
+
+// One adapter's low-rank delta (low_rank.h) on some rows of a product: which product of a decoder
+// layer (0..6: q, k, v, o, gate, up, down; low_rank: 0), its scale, its rank (set from a_t's shape
+// when the op is built) and the rows (indices into the product's rows) it adds to.
+struct LowRank {
+  int product = 0;
+  float scale = 1.0f;
+  int rank = 0;
+  std::vector<int> rows;
+  bool operator==(const LowRank&) const = default;
+};
+
+// Throws std::invalid_argument (naming `op`) unless a_t is (rank, k), b (rank, n), both float32,
+// and the delta's rows lie in 0..rows-1.
+void check_low_ranks(int64_t rows, int64_t k, int64_t n, const mx::array& a_t, const mx::array& b, const LowRank& delta,
+                     const char* op);
+
+// y + each delta i (a_t[i] = a^T, b[i]) on its rows of x, in order: the bits of MLX's
+// `y + scale * ((x @ a) @ b)` over the fixed-order BLAS shim, per row. x (..., K) and y (..., N)
+// float32 with the same rows.
+mx::array low_rank(const mx::array& y, const mx::array& x, const std::vector<mx::array>& a, const std::vector<mx::array>& b,
+                   std::vector<LowRank> deltas, mx::StreamOrDevice s = {});
+
+class NativeLowRank : public mx::Primitive {
+ public:
+  NativeLowRank(mx::Stream stream, std::vector<LowRank> deltas) : mx::Primitive(stream), deltas_(std::move(deltas)) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+  const char* name() const override { return "MlxkvNativeLowRank"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  std::vector<LowRank> deltas_;
 };
 
 // RoPE the kernel applies to q and k first: the first `dims` features of each head rotate by
@@ -92,20 +129,22 @@ struct LayerQuant {
 // h float32 (..., D); weights: (w, scales, biases) for q, k, v, o, gate, up, down in that order
 // (21 arrays, MLX's affine layout, no bias); head_norms: none, or the q and k norms' weights
 // (head size,) applied to each head of q and k before RoPE (Qwen3); positions, buffers, rows,
-// scale, inv_freq and rope as attend takes them. Returns [out (h's shape), keys_0, values_0, ...]
-// like attend.
+// scale, inv_freq and rope as attend takes them; low_ranks: (a_t, b) per delta, each delta added to
+// its product's output rows before anything reads them (LoRA adapters: a row's delta is the bits
+// low_rank gives it). Returns [out (h's shape), keys_0, values_0, ...] like attend.
 std::vector<mx::array> decoder_layer(
     const mx::array& h, const mx::array& input_norm, const mx::array& post_norm, float eps,
     const std::vector<mx::array>& weights, LayerQuant quant, const std::vector<mx::array>& head_norms,
     const mx::array& positions, const std::vector<mx::array>& buffers, std::vector<int> rows, float scale,
-    const mx::array& inv_freq, Rope rope, mx::StreamOrDevice s = {});
+    const mx::array& inv_freq, Rope rope, const std::vector<mx::array>& low_ranks = {},
+    std::vector<LowRank> deltas = {}, mx::StreamOrDevice s = {});
 
 class NativeDecoderLayer : public mx::Primitive {
  public:
   NativeDecoderLayer(mx::Stream stream, float eps, LayerQuant quant, bool head_norms, std::vector<int> rows, float scale,
-                     Rope rope)
+                     Rope rope, std::vector<LowRank> deltas)
       : mx::Primitive(stream), eps_(eps), quant_(quant), head_norms_(head_norms), rows_(std::move(rows)), scale_(scale),
-        rope_(rope) {}
+        rope_(rope), deltas_(std::move(deltas)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -120,6 +159,7 @@ class NativeDecoderLayer : public mx::Primitive {
   std::vector<int> rows_;
   float scale_;
   Rope rope_;
+  std::vector<LowRank> deltas_;  // their (a, b) follow the head norms' weights
 };
 
 // SwiGLU's gate, silu(gate) * up elementwise (activations.h); gate and up float32 of one shape.

@@ -53,8 +53,22 @@ def decoder_layer(
     rope_dims: int = 0,
     rope_traditional: bool = False,
     rope_scale: float = 1.0,
+    low_ranks: list[mx.array] = ...,
+    low_rank_products: list[int] = ...,
+    low_rank_scales: list[float] = ...,
+    low_rank_rows: list[list[int]] = ...,
     stream: mx.Stream | mx.Device | None = None,
 ) -> list[mx.array]: ...
+def low_rank(
+    y: mx.array,
+    x: mx.array,
+    a_t: list[mx.array],
+    b: list[mx.array],
+    scales: list[float],
+    rows: list[list[int]],
+    *,
+    stream: mx.Stream | mx.Device | None = None,
+) -> mx.array: ...
 def swiglu(gate: mx.array, up: mx.array, *, stream: mx.Stream | mx.Device | None = None) -> mx.array: ...
 def rms_norm(x: mx.array, weight: mx.array, eps: float, *, stream: mx.Stream | mx.Device | None = None) -> mx.array: ...
 def log_softmax(x: mx.array, *, stream: mx.Stream | mx.Device | None = None) -> mx.array: ...

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
@@ -46,6 +47,12 @@ class AdapterBank:
         self._wrappers: dict[str, AdaptedLinear] = {}
         self._named: dict[str, Any] | None = None  # the model's modules by path, read once (no swap in place)
         self._exact_rows: dict[tuple[int, int, int], int] = {}  # (in, rank, out) -> rows probed row-invariant (-1: not)
+        # Per step these would cost ~1 ms of Python over a batch of adapted rows: kept by namespace
+        # (the same digests are the same files), the plan for the last batch (the same for many steps).
+        self._shapes: dict[str, frozenset[tuple[int, int, int]]] = {}
+        self._paths: dict[str, tuple[str, ...]] = {}
+        self._slots: dict[str, tuple[Any, str]] = {}  # module path -> (parent module, leaf name)
+        self._last_plan: tuple[tuple[AdapterStack | None, ...], tuple[int, ...], RowPlan] | None = None
 
     def check(self, adapter: Adapter) -> None:
         """Raises `AdapterMismatchError` (naming the adapter's base and this model) where a module
@@ -69,13 +76,32 @@ class AdapterBank:
         """Whether forwards over `caches` run under adapters of this bank."""
         return self._stack(caches) is not None
 
+    def stack_of(self, caches: Sequence[LayerCache]) -> AdapterStack:
+        """The adapters forwards over `caches` run under here (empty: the base model)."""
+        return self._stack(caches) or AdapterStack()
+
+    def restricted(self, stack: AdapterStack) -> AdapterStack | None:
+        """`stack` cut to the modules this bank's model has (a layer-skip draft: the target's first
+        layers), each adapter keeping its digest; None where a module it keeps does not fit."""
+        modules = self._modules()
+        kept = []
+        for adapter in stack.adapters:
+            layers = {path: low for path, low in adapter.layers.items() if path in modules}
+            if layers:
+                kept.append(adapter if len(layers) == len(adapter.layers) else replace(adapter, layers=layers))
+        try:
+            for adapter in kept:
+                self.check(adapter)
+        except AdapterMismatchError:
+            return None
+        return AdapterStack(tuple(kept))
+
     def rows_exact(self, sequences: Sequence[Sequence[LayerCache]], rows: int) -> bool:
         """Whether the adapters of `sequences` give each of up to `rows` rows of a step its bits
         alone: their dense products, probed once per shape (row-invariant with the fixed-order
         BLAS shim; a BLAS that picks kernels by M would not be, and the step then runs a graph per row)."""
-        shapes = {(int(low.lora_a.shape[0]), int(low.lora_a.shape[1]), int(low.lora_b.shape[1]))
-                  for stack in (self._stack(c) for c in sequences) if stack is not None
-                  for adapter in stack.adapters for low in adapter.layers.values()}
+        stacks = {stack.ns: stack for stack in (self._stack(c) for c in sequences) if stack is not None}
+        shapes = set().union(*(self._shapes_of(stack) for stack in stacks.values()))
         for shape in shapes:
             probed = self._exact_rows.get(shape, 1)
             if 0 <= probed < rows:
@@ -87,13 +113,14 @@ class AdapterBank:
     def applied(self, sequences: Sequence[Sequence[LayerCache]], lengths: Sequence[int]) -> Iterator[None]:
         """While the forward feeding `lengths[i]` positions into `sequences[i]` is built, the
         adapted linears compute each sequence's rows under its own adapters."""
-        stacks = [self._stack(caches) for caches in sequences]
+        stacks = tuple(self._stack(caches) for caches in sequences)
         if all(s is None for s in stacks):
             yield
             return
-        plan = _plan(stacks, lengths)
-        paths = {path for s in stacks if s is not None for a in s.adapters for path in a.layers}
-        swapped = [self._swap_in(path, plan) for path in sorted(paths)]
+        plan = self._plan(stacks, tuple(lengths))
+        distinct = {s.ns: s for s in stacks if s is not None}
+        paths = sorted(set().union(*(self._paths_of(s) for s in distinct.values())))
+        swapped = [self._swap_in(path, plan) for path in paths]
         try:
             yield
         finally:
@@ -107,9 +134,36 @@ class AdapterBank:
             return caches.stack
         return None
 
+    def _plan(self, stacks: tuple[AdapterStack | None, ...], lengths: tuple[int, ...]) -> RowPlan:
+        """The step's plan: the last one where the batch is the same (the adapted linears keep
+        what they derive from a plan while it lasts)."""
+        last = self._last_plan
+        if last is not None and last[1] == lengths and len(last[0]) == len(stacks) \
+                and all(a is b for a, b in zip(last[0], stacks)):
+            return last[2]
+        plan = _plan(stacks, lengths)
+        self._last_plan = (stacks, lengths, plan)
+        return plan
+
+    def _shapes_of(self, stack: AdapterStack) -> frozenset[tuple[int, int, int]]:
+        """(in, rank, out) of every low-rank pair of `stack`'s adapters."""
+        if stack.ns not in self._shapes:
+            self._shapes[stack.ns] = frozenset(
+                (int(low.lora_a.shape[0]), int(low.lora_a.shape[1]), int(low.lora_b.shape[1]))
+                for adapter in stack.adapters for low in adapter.layers.values())
+        return self._shapes[stack.ns]
+
+    def _paths_of(self, stack: AdapterStack) -> tuple[str, ...]:
+        if stack.ns not in self._paths:
+            self._paths[stack.ns] = tuple({path for adapter in stack.adapters for path in adapter.layers})
+        return self._paths[stack.ns]
+
     def _swap_in(self, path: str, plan: RowPlan) -> tuple[Any, str, AdaptedLinear]:
-        parent_path, _, leaf = path.rpartition(".")
-        parent: Any = self._modules()[parent_path]
+        slot = self._slots.get(path)
+        if slot is None:
+            parent_path, _, leaf = path.rpartition(".")
+            slot = self._slots[path] = (self._modules()[parent_path], leaf)
+        parent, leaf = slot
         wrapper = self._wrappers.get(path)
         if wrapper is None or wrapper.base is not parent[leaf]:
             wrapper = self._wrappers[path] = AdaptedLinear(parent[leaf], path)
@@ -162,4 +216,5 @@ def _plan(stacks: Sequence[AdapterStack | None], lengths: Sequence[int]) -> RowP
             mask[start : start + length] = [True] * length
             by_ns[stack.ns] = stack
         start += length
-    return RowPlan(tuple(RowGroup(mx.array(mask).reshape(-1, 1, 1), by_ns[ns].adapters) for ns, mask in rows.items()))
+    return RowPlan(tuple(RowGroup(mx.array(mask).reshape(-1, 1, 1), by_ns[ns].adapters,
+                                  tuple(i for i, adapted in enumerate(mask) if adapted)) for ns, mask in rows.items()))

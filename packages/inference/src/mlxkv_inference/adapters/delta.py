@@ -26,11 +26,23 @@ from mlxkv_inference.adapters.files import Adapter, LowRank
 
 @dataclass(frozen=True, slots=True, eq=False)
 class RowGroup:
-    """Rows of a step (a (R, 1, 1) mask over its (R, 1, D) rows; None: every position of a lone
-    sequence's (1, L, D) input) and the adapters they run under, in order."""
+    """Rows of a step (a (R, 1, 1) mask over its (R, 1, D) rows, and their indices; None: every
+    position of a lone sequence's (1, L, D) input) and the adapters they run under, in order."""
 
     rows: mx.array | None
     adapters: tuple[Adapter, ...]
+    indices: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RowDelta:
+    """One adapter's LoRA delta on some rows of one linear layer: rows += scale * ((x @ a) @ b),
+    a given transposed (r, in)."""
+
+    lora_a_t: mx.array
+    lora_b: mx.array
+    scale: float
+    rows: list[int]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -47,6 +59,7 @@ class AdaptedLinear(nn.Module):
     path: str
     plan: RowPlan
     denominators: dict[str, mx.array]
+    derived: tuple[RowPlan, int, list[RowDelta] | None] | None  # row_deltas of the plan it last saw
 
     def __init__(self, base: nn.Module, path: str) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # mlx leaves it untyped
@@ -55,6 +68,7 @@ class AdaptedLinear(nn.Module):
         object.__setattr__(self, "path", path)
         object.__setattr__(self, "plan", RowPlan(()))
         object.__setattr__(self, "denominators", {})
+        object.__setattr__(self, "derived", None)
 
     def __call__(self, x: mx.array) -> mx.array:
         y: mx.array = self.base(x)
@@ -65,6 +79,30 @@ class AdaptedLinear(nn.Module):
             adapted = self._adapt(x, y, group.adapters)
             out = adapted if group.rows is None else mx.where(group.rows, adapted, out)
         return out
+
+    def row_deltas(self, rows: int) -> list[RowDelta] | None:
+        """This step's LoRA deltas on this layer, over its `rows` rows, in the order each row adds
+        them; None where a DoRA adapter is among them (its rescaling is not a delta)."""
+        derived = self.derived
+        if derived is not None and derived[0] is self.plan and derived[1] == rows:
+            return derived[2]
+        deltas = self._row_deltas(rows)
+        object.__setattr__(self, "derived", (self.plan, rows, deltas))
+        return deltas
+
+    def _row_deltas(self, rows: int) -> list[RowDelta] | None:
+        deltas = []
+        for group in self.plan.groups:
+            indices = list(range(rows)) if group.indices is None else list(group.indices)
+            for adapter in group.adapters:
+                low = adapter.layers.get(self.path)
+                if low is None:
+                    continue
+                if low.magnitude is not None:
+                    return None
+                a_t = low.lora_a_t if low.lora_a_t is not None else low.lora_a.T
+                deltas.append(RowDelta(a_t, low.lora_b, adapter.scale, indices))
+        return deltas
 
     def _adapt(self, x: mx.array, y: mx.array, adapters: Sequence[Adapter]) -> mx.array:
         out = y

@@ -36,6 +36,7 @@ class LowRank:
     lora_a: mx.array  # (in, r)
     lora_b: mx.array  # (r, out)
     magnitude: mx.array | None = None  # DoRA's m: (out,)
+    lora_a_t: mx.array | None = None  # lora_a transposed, row-major (r, in): as the native delta reads it
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -137,8 +138,13 @@ def _layers(directory: Path, kind: AdapterKind, data: bytes) -> dict[str, LowRan
         if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
             raise AdapterLoadError(f"adapter {directory}: {module} lora_a {tuple(a.shape)} and lora_b {tuple(b.shape)} "
                                    "are not a low-rank pair")
-        layers[module] = LowRank(a, b, leaves.get("m"))
+        layers[module] = LowRank(a, b, leaves.get("m"), _transposed(a))
     return layers
+
+
+def _transposed(a: mx.array) -> mx.array:
+    """a^T as its own row-major array, copied now (nothing left to evaluate; see read_safetensors)."""
+    return mx.array(np.ascontiguousarray(np.asarray(a).T))
 
 
 def read_safetensors(data: bytes) -> dict[str, mx.array]:

@@ -3,12 +3,13 @@ drafts of the step open, and how many drafts a round may verify exactly from whe
 
 from __future__ import annotations
 
+from mlxkv_inference.adapters.files import AdapterStack
 from mlxkv_inference.binding import MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.rounds import round_fits
 from mlxkv_inference.generation.checkpoints import CheckpointSchedule
 from mlxkv_inference.generation.sequence import SequenceState
-from mlxkv_inference.speculative.proposers import DraftModel, DraftState, PromptLookup, Proposer
+from mlxkv_inference.speculative.proposers import DraftModel, DraftState, PromptLookup, Proposer, draft_adapters
 from mlxkv_inference.speculative.speculation import SpeculativeParams
 from mlxkv_inference.speculative.speculator import Speculator
 
@@ -25,7 +26,9 @@ class Drafting:
         self._sequence = sequence
         self._checkpoints = checkpoints
         resumed = sequence.resume.draft if sequence.resume is not None else None
-        proposer = make_proposer(params, draft, resumed, sequence.caches if draft is not None and draft.prefix_of is binding else None)
+        shares = draft is not None and draft.prefix_of is binding
+        adapters = draft_adapters(binding, draft, sequence.caches) if draft is not None else AdapterStack()
+        proposer = make_proposer(params, draft, resumed, sequence.caches if shares else None, adapters)
         self.speculator = Speculator(params, proposer, binding.step_costs) if proposer is not None else None
         self.draft_model = proposer if isinstance(proposer, DraftModel) else None
         self.drafts: list[int] = []  # the open round's drafts (empty: a plain step)
@@ -86,11 +89,12 @@ class Drafting:
 
 
 def make_proposer(params: SpeculativeParams, draft: MlxAutoregressiveBinding | None,
-                  draft_state: DraftState | None, target: list[LayerCache] | None) -> Proposer | None:
+                  draft_state: DraftState | None, target: list[LayerCache] | None,
+                  adapters: AdapterStack = AdapterStack()) -> Proposer | None:
     if params.mode == "off":
         return None
     if params.mode == "prompt_lookup":
         return PromptLookup(params.ngram_min, params.ngram_max)
     if draft is None:
         raise ValueError("speculative mode 'draft' needs a draft model (serve/generate --draft-model or --draft-layers)")
-    return DraftModel(draft, draft_state, target)
+    return DraftModel(draft, draft_state, target, adapters)

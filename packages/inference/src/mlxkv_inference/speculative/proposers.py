@@ -14,6 +14,7 @@ from typing import Protocol
 
 import mlx.core as mx
 
+from mlxkv_inference.adapters.files import AdapterStack
 from mlxkv_inference.binding import DEFAULT_PREFILL_CHUNK, MlxAutoregressiveBinding
 from mlxkv_inference.cache.contract import CacheTrimError
 from mlxkv_inference.cache.factory import LayerCache
@@ -113,14 +114,18 @@ class DraftModel:
     last token whenever drafts are asked for) copies their first layers instead of feeding more
     than `SYNC_AFTER` tokens or starting over (recurrent state, a wrapped ring): the same KV,
     computed already (the first proposal of a prompt, the catch-up after a spell of plain steps
-    and the rounds of recurrent drafts cost nothing then)."""
+    and the rounds of recurrent drafts cost nothing then).
+
+    `adapters`: what the drafts run under (the target's adapters where the draft is its base
+    model, see `draft_adapters`; none otherwise: drafts are proposals, the target verifies them)."""
 
     SYNC_AFTER = 16
 
     def __init__(self, binding: MlxAutoregressiveBinding, state: DraftState | None = None,
-                 target: list[LayerCache] | None = None) -> None:
+                 target: list[LayerCache] | None = None, adapters: AdapterStack = AdapterStack()) -> None:
         self.binding = binding
-        self._caches: list[LayerCache] = state.caches if state is not None else binding.make_cache()
+        self.adapters = adapters
+        self._caches: list[LayerCache] = self._tagged(state.caches) if state is not None else self._fresh()
         self._tokens: list[int] = list(state.tokens) if state is not None else []  # what the caches hold
         self._target = target
         self.catch_up_s = 0.0  # seconds the last proposal spent reading a whole prompt first (not drafting)
@@ -145,14 +150,14 @@ class DraftModel:
             return self._propose(history, limit)
         except Exception:  # noqa: BLE001 - drafts only speed a generation up: a failing draft model must not fail it
             log.warning("the draft model failed; it starts over from the history", exc_info=True)
-            self._caches, self._tokens = self.binding.make_cache(), []
+            self._caches, self._tokens = self._fresh(), []
             return []
 
     def _propose(self, history: Sequence[int], limit: int) -> list[int]:
         keep = min(common_prefix(self._tokens, history), len(history) - 1)
         stale = len(history) - keep > self.SYNC_AFTER or not (covered_tokens(self._caches) <= keep or all_trimmable(self._caches))
         if stale and self._target is not None and covered_tokens(self._target) == len(history) - 1:
-            self._caches = [cache.clone() for cache in self._target[: len(self._caches)]]
+            self._caches = self._tagged([cache.clone() for cache in self._target[: len(self._caches)]])
             self._tokens = list(history[:-1])
         else:
             self._rewind(keep)
@@ -182,10 +187,34 @@ class DraftModel:
             for cache in self._caches:
                 cache.trim(held - keep)
         except CacheTrimError:  # a wrapped ring or recurrent state: start over from the history
-            self._caches = self.binding.make_cache()
+            self._caches = self._fresh()
             self._tokens = []
             return
         self._tokens = self._tokens[:keep]
+
+
+    def _fresh(self) -> list[LayerCache]:
+        return self._tagged(self.binding.make_cache())
+
+    def _tagged(self, caches: list[LayerCache]) -> list[LayerCache]:
+        return self.binding.adapters.tag(caches, self.adapters) if self.adapters.adapters else caches
+
+
+def draft_adapters(target: MlxAutoregressiveBinding, draft: MlxAutoregressiveBinding,
+                   caches: Sequence[LayerCache]) -> AdapterStack:
+    """The adapters a draft runs a sequence's drafts under: those of its `caches` on `target`, cut
+    to the draft's layers, where the draft is the target's base model (a layer-skip draft of it,
+    the target itself, or a binding of the same weights and kernels: the same config fingerprint)
+    and they fit; else none."""
+    stack = target.adapters.stack_of(caches)
+    same_base = draft.prefix_of is target or draft is target or draft.config_fingerprint == target.config_fingerprint
+    if not stack.adapters or not same_base:
+        return AdapterStack()
+    restricted = draft.adapters.restricted(stack)
+    if restricted is None:
+        log.info("draft model %s does not fit adapters %s: it drafts on its base model", draft.model_id, stack.ns)
+        return AdapterStack()
+    return restricted
 
 
 def _argmax(logits: mx.array) -> int:
