@@ -22,7 +22,7 @@ import mlx.core as mx
 from mlxkv_cpu_kernels import ops
 
 from mlxkv_inference import Generation, GenerationParams, SamplingParams, _mlx_lm
-from mlxkv_inference.binding import NATIVE_SAMPLER
+from mlxkv_inference.native.install import NATIVE_SAMPLER
 from mlxkv_inference.generation.results import ResumePoint
 from mlxkv_inference.generation.sampling import make_sampler, step_word
 from tests.factories import make_prompt, make_tiny_binding

@@ -22,12 +22,8 @@ from mlxkv_inference.cache.recurrent import RecurrentCache
 from mlxkv_inference.kv_scheme import KvScheme
 from mlxkv_inference.native import batched
 from mlxkv_inference.native.graphs import can_batch
-from mlxkv_inference.native.kernels import (FLOAT32_ACTIVATIONS, WIDENED_TO_8_BITS, CpuKernels, use_float32_parameters,
-                                            use_native_kernels, widen_to_8_bits)
-from mlxkv_inference.native.attention import NATIVE_ATTENTION, use_native_attention
-from mlxkv_inference.native.layer import use_native_layers
-from mlxkv_inference.native.mlp import NATIVE_SWIGLU, use_native_swiglu
-from mlxkv_inference.native.norm import NATIVE_RMS_NORM, use_native_rms_norm
+from mlxkv_inference.native.install import install
+from mlxkv_inference.native.kernels import CpuKernels
 from mlxkv_inference.cache.recurrent_replay import use_recurrent_replay
 from mlxkv_inference import binding_probes as probes
 from mlxkv_inference.batch_exactness import BatchExactness, exactness_fingerprint
@@ -36,10 +32,6 @@ from mlxkv_inference.tokenizer.protocol import Tokenizer
 
 DEFAULT_PREFILL_CHUNK = 512
 PROBED_ROWS = 8  # batch sizes the first row-invariance probe covers
-# What the config fingerprint records for the native path's sampling log-softmax: it shapes no KV,
-# but the tokens a resumed checkpoint continues with (sampling reads the log-probabilities).
-NATIVE_LOG_SOFTMAX = "log_softmax native/1"
-NATIVE_SAMPLER = "sampler native/1"  # seeded draws take other tokens than MLX's categorical: checkpoints must not mix them
 log = logging.getLogger(__name__)
 
 Interrupt = Callable[[], bool]  # asked between layers: True stops evaluating (see `evaluate_layers`)
@@ -88,16 +80,7 @@ class MlxAutoregressiveBinding:
         weights_digest: str = "",
         cpu_kernels: CpuKernels = "mlx",
     ) -> None:
-        native_attention = native_swiglu = native_rms_norm = widened = widened_bits = False
-        if cpu_kernels == "native":
-            widened = use_float32_parameters(model)
-            widened_bits = widen_to_8_bits(model) > 0
-            use_native_kernels(model)
-            native_attention = use_native_attention(model, config)
-            native_swiglu = native_attention and use_native_swiglu(model)  # float32 activations checked
-            native_rms_norm = native_attention and use_native_rms_norm(model)
-            if native_rms_norm and native_swiglu:
-                use_native_layers(model)  # the same bits in one node a layer: nothing to fingerprint
+        native = install(model, config, cpu_kernels)
         self.model = model
         self.cpu_kernels: CpuKernels = cpu_kernels
         self.tokenizer = tokenizer
@@ -106,13 +89,8 @@ class MlxAutoregressiveBinding:
         self.kv_scheme = kv_scheme
         self.weight_bytes = _mlx_lm.parameter_bytes(model)
         self.tokenizer_hash = tokenizer.content_hash()
-        self.native_attention = native_attention
-        native = cpu_kernels == "native"
-        self.native_ops = tuple(op for op, used in ((FLOAT32_ACTIVATIONS, widened), (WIDENED_TO_8_BITS, widened_bits),
-                                                    (NATIVE_ATTENTION, native_attention),
-                                                    (NATIVE_SWIGLU, native_swiglu),
-                                                    (NATIVE_RMS_NORM, native_rms_norm), (NATIVE_LOG_SOFTMAX, native),
-                                                    (NATIVE_SAMPLER, native)) if used)
+        self.native_attention = native.attention
+        self.native_ops = native.ops
         self.config_fingerprint = config_fingerprint(config, kv_scheme, weights_digest, cpu_kernels, self.native_ops)
         self._compiled = CompiledDecoder(model)
         self._invariant_rows = 1  # batch sizes probed row-invariant so far (-1: a kernel is not)
