@@ -15,7 +15,7 @@ from mlxkv_inference.cache.kv import RotatingKVCache
 from mlxkv_inference.cache.ring_rounds import RingState, round_layout
 from mlxkv_inference.models.draft import layer_skip_draft
 from mlxkv_inference.speculative.speculation import SpeculativeMode, SpeculativeParams
-from tests.factories import make_prompt, make_tiny_binding
+from tests.factories import count_fed_tokens, make_prompt, make_tiny_binding
 
 WINDOW = 16
 SAMPLINGS = {"greedy": SamplingParams(), "seeded": SamplingParams(temperature=0.3, seed=3)}
@@ -103,6 +103,20 @@ def test_speculation_past_the_window_gives_the_tokens_of_not_speculating(
     assert fast.token_ids == plain.token_ids
     assert fast.accepted_tokens > 0 if mode == "draft" else fast.draft_tokens > 0  # random weights copy little
     assert wrapped_rounds and max(wrapped_rounds) > 1  # rounds of several positions ran with the rings wrapped
+
+
+def test_a_sliding_window_draft_model_goes_on_from_before_its_drafts_past_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    binding = make_tiny_binding("gemma3_text", seed=1, sliding_window=WINDOW)
+    draft = make_tiny_binding("gemma3_text", seed=2, sliding_window=WINDOW, num_hidden_layers=2)  # its drafts miss
+    fed = count_fed_tokens(draft, monkeypatch)
+    prompt = make_prompt(40, seed=4)
+    params = GenerationParams(max_tokens=40, ignore_eos=True)
+    plain = Generation(binding, prompt, params).run()
+    spec = SpeculativeParams(mode="draft", num_draft_tokens=4, adaptive=False)
+    fast = Generation(binding, prompt, replace(params, speculative=spec), draft=draft).run()
+    assert fast.token_ids == plain.token_ids
+    assert fast.draft_tokens > 30
+    assert fed == [len(prompt) - 1]  # the history read once: each round's rejected drafts dropped, not the history re-read
 
 
 def test_a_round_as_long_as_the_ring_is_the_most_a_rotating_cache_verifies() -> None:
