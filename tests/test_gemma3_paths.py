@@ -53,6 +53,20 @@ def test_gemma3_prompt_lookup_gives_exactly_the_plain_tokens(gemma3_native: MlxA
         assert binding.tokenizer.decode(list(plain.token_ids)).startswith(TABLE[16:60])
 
 
+def test_gemma3_prompt_lookup_past_the_sliding_window_gives_exactly_the_plain_tokens(
+        gemma3_native: MlxAutoregressiveBinding) -> None:
+    binding = gemma3_native
+    table = "".join(f"rate_{i} = lookup(rate_{i}, default={i * 3})\n" for i in range(30))
+    prompt = binding.tokenizer.encode(table + "\n# again:\n" + table[:16])
+    assert 512 < len(prompt) < 600  # the rings wrapped before the first round
+    params = GenerationParams(max_tokens=24, ignore_eos=True)
+    plain = Generation(binding, prompt, params).run()
+    spec = SpeculativeParams(mode="prompt_lookup", num_draft_tokens=6, adaptive=False)
+    fast = Generation(binding, prompt, replace(params, speculative=spec)).run()
+    assert fast.token_ids == plain.token_ids
+    assert fast.accepted_tokens > 0
+
+
 def test_gemma3_layer_skip_draft_needs_the_first_global_layer(gemma3_native: MlxAutoregressiveBinding) -> None:
     with pytest.raises(ValueError, match=r"draft layers=4: .* layer 6; allowed: \[6, 17\]"):
         layer_skip_draft(gemma3_native, 4)

@@ -4,39 +4,68 @@ Same model object (the embedded SmolLM2 unless --model), same prompt ids, EOS ig
 alternate and the medians are compared. Then one decode step is taken apart: the tied lm_head,
 the 30 layers, and the Python graph-building time, to show where the step's time goes.
 `--cpu-kernels native`: the native kernels, and a second copy of the model whose layers run as
-separate nodes (native/layer.py undone: the same tokens) as one more mode.
-Run: `uv run python -m tools.bench_decode [--cpu-kernels native]`.
+separate nodes (native/layer.py undone: the same tokens) as one more mode, where a layer runs as one.
+Besides wall-clock tok/s each mode reports tok/s of this process's CPU time, steadier than the
+wall clock on a machine shared with other work. `--model gemma3-270m`: the `gemma3` group's model
+(sliding window 512: `--prompt-tokens 600` decodes with every ring wrapped).
+Run: `uv run python -m tools.bench_decode [--cpu-kernels native] [--model gemma3-270m]`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, load_binding  # first: the BLAS shim precedes mlx
 
 import mlx.core as mx  # noqa: E402, I001
+from mlxkv.paths import default_cache_dir
 from mlxkv_inference._mlx_lm import mlx_lm_stream_responses, wrap_tokenizer
+from mlxkv_inference.models.gemma3_270m import gemma3_270m_path
 from mlxkv_inference.native.kernels import CPU_KERNELS
 from mlxkv_inference.native.layer import separate_layers
 from mlxkv_inference.tokenizer.gguf_tokenizer import GgufTokenizer
-from tools.bench_generate import time_stream
+from tools.bench_generate import cpu_model, time_stream
 
 
 def decode_tps(binding: MlxAutoregressiveBinding, prompt: list[int], n: int, mode: str,
-               separate: MlxAutoregressiveBinding | None = None) -> float:
+               separate: MlxAutoregressiveBinding | None = None) -> tuple[float, float]:
+    """(wall-clock, CPU-time) decode tok/s of one run in `mode`."""
     if mode == "separate layers":
         assert separate is not None
         return decode_tps(separate, prompt, n, "compiled")
+    cpu = CpuClock()
     if mode == "mlx-lm":
         tokenizer = binding.tokenizer
         assert isinstance(tokenizer, GgufTokenizer)
         wrapper = wrap_tokenizer(tokenizer.backend, eos_token_ids=[])
-        return time_stream(len(prompt), mlx_lm_stream_responses(binding.model, wrapper, prompt, n)).decode_tps
-    params = GenerationParams(max_tokens=n, ignore_eos=True, compiled_decode=mode == "compiled")
-    return time_stream(len(prompt), Generation(binding, prompt, params)).decode_tps
+        tokens = cpu.stream(mlx_lm_stream_responses(binding.model, wrapper, prompt, n))
+    else:
+        params = GenerationParams(max_tokens=n, ignore_eos=True, compiled_decode=mode == "compiled")
+        tokens = cpu.stream(Generation(binding, prompt, params))
+    return time_stream(len(prompt), tokens).decode_tps, cpu.decode_tps()
+
+
+class CpuClock:
+    """Process CPU time from the first streamed token to the last (the decode steps')."""
+
+    def __init__(self) -> None:
+        self.first = self.last = 0.0
+        self.count = 0
+
+    def stream(self, items: Iterable[object]) -> Iterator[object]:
+        for item in items:
+            self.last = time.process_time()
+            if self.count == 0:
+                self.first = self.last
+            self.count += 1
+            yield item
+
+    def decode_tps(self) -> float:
+        return (self.count - 1) / max(self.last - self.first, 1e-9)
 
 
 def median_ms(fn: Callable[[], object], repeats: int = 20) -> float:
@@ -87,33 +116,55 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cpu-kernels", choices=CPU_KERNELS, default="mlx",
                         help="mlx (default) or native: then also the native layers as separate nodes")
+    parser.add_argument("--no-mlx-lm", dest="mlx_lm", action="store_false", help="leave mlx-lm's own loop out")
+    parser.add_argument("--no-breakdown", dest="breakdown", action="store_false", help="leave the step breakdown out")
     args = parser.parse_args()
+    if args.model == "gemma3-270m":
+        args.model = gemma3_270m_path(default_cache_dir())
+    print(f"cpu {cpu_model()}, {os.cpu_count()} cores; load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     binding = load_binding(args.model, cpu_kernels=args.cpu_kernels)
     separate = None
-    modes = ["compiled", "uncompiled", "mlx-lm"]
+    modes = ["compiled", "uncompiled"] + (["mlx-lm"] if args.mlx_lm else [])
     if args.cpu_kernels == "native":
         separate = load_binding(args.model, cpu_kernels="native")
-        if not separate_layers(separate.model):
-            parser.error("no layer of this model runs as one native node")
-        modes.insert(1, "separate layers")
-    prompt = binding.tokenizer.encode("The history of the lighthouse " * 40)[: args.prompt_tokens]
-    results: dict[str, list[float]] = {m: [] for m in modes}
+        if separate_layers(separate.model):
+            modes.insert(1, "separate layers")
+        else:
+            separate = None
+            print("no layer of this model runs as one native node: no 'separate layers' mode")
+    words = "The history of the lighthouse "
+    prompt = binding.tokenizer.encode(words * (1 + args.prompt_tokens // 4))[: args.prompt_tokens]
+    results: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
     decode_tps(binding, prompt[:8], 4, "compiled")  # warm-up: trace and JIT
     if separate is not None:
         decode_tps(separate, prompt[:8], 4, "compiled")
     for _ in range(args.repeats):
         for mode in modes:
             results[mode].append(decode_tps(binding, prompt, args.gen_tokens, mode, separate))
-    med = {m: statistics.median(v) for m, v in results.items()}
+    report(binding, prompt, args, results)
+    print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    if args.breakdown:
+        step_breakdown(binding, prompt)
+
+
+def report(binding: MlxAutoregressiveBinding, prompt: list[int], args: argparse.Namespace,
+           results: dict[str, list[tuple[float, float]]]) -> None:
+    wall = {m: statistics.median(w for w, _ in v) for m, v in results.items()}
+    cpu = {m: statistics.median(c for _, c in v) for m, v in results.items()}
     print(f"model {binding.model_id}: {len(prompt)}-token prompt, {args.gen_tokens} decode steps, {args.repeats} runs each (median)")
-    for mode in modes:
-        print(f"  {mode:15s} {med[mode]:7.2f} tok/s   runs: {', '.join(f'{v:.2f}' for v in results[mode])}")
-    print(f"  uncompiled / mlx-lm   {med['uncompiled'] / med['mlx-lm']:.3f}x")
-    print(f"  compiled / uncompiled {med['compiled'] / med['uncompiled']:.3f}x")
-    if separate is not None:
-        print(f"  compiled / separate layers {med['compiled'] / med['separate layers']:.3f}x (each run: "
-              f"{', '.join(f'{a / b:.3f}' for a, b in zip(results['compiled'], results['separate layers']))})")
-    step_breakdown(binding, prompt)
+    for mode, runs in results.items():
+        print(f"  {mode:15s} {wall[mode]:7.2f} tok/s ({cpu[mode]:7.2f} per CPU second)   runs: "
+              f"{', '.join(f'{w:.2f}' for w, _ in runs)}")
+
+    def ratio(a: str, b: str) -> str:
+        paired = ", ".join(f"{x[0] / y[0]:.3f}" for x, y in zip(results[a], results[b]))
+        return f"{wall[a] / wall[b]:.3f}x (CPU time {cpu[a] / cpu[b]:.3f}x; each run: {paired})"
+
+    if "mlx-lm" in results:
+        print(f"  uncompiled / mlx-lm   {ratio('uncompiled', 'mlx-lm')}")
+    print(f"  compiled / uncompiled {ratio('compiled', 'uncompiled')}")
+    if "separate layers" in results:
+        print(f"  compiled / separate layers {ratio('compiled', 'separate layers')}")
 
 
 if __name__ == "__main__":

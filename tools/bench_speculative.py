@@ -28,6 +28,7 @@ Run: `uv run python -m tools.bench_speculative` (add `--cpu-kernels mlx` for MLX
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 
@@ -39,6 +40,7 @@ from mlxkv_inference.models.gemma3_270m import gemma3_270m_path
 from mlxkv_inference.speculative.proposers import PromptLookup
 from mlxkv_inference.speculative.speculation import SpeculativeParams
 from mlxkv_inference.step_costs import StepCosts
+from tools.bench_generate import cpu_model
 from mlxkv_inference.speculative.speculator import Speculator
 from mlxkv_inference.models.draft import layer_skip_draft
 from mlxkv_inference.tokenizer.chat import encode_chat
@@ -162,15 +164,15 @@ def main() -> int:
         "edit": chat_prompts(binding, [f"```python\n{CODE_FILE}```\n\n{request}" for request in EDIT_REQUESTS]),
         "chat": chat_prompts(binding, CHAT_REQUESTS),
     }
+    print(f"cpu {cpu_model()}, {os.cpu_count()} cores; load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print(f"{binding.model_id}, {args.cpu_kernels} kernels, "
           f"{f'temperature {args.temperature} (seed {SEED})' if args.temperature else 'greedy'}, up to {args.max_tokens} tokens an answer, "
           f"{args.repeats} repeats, up to {args.num_draft_tokens} drafts a step")
     exact = True
     window = binding.config.get("sliding_window")
     for workload, prompts in workloads.items():
-        print(f"\n{workload}: prompts of {', '.join(str(len(p)) for p in prompts)} tokens")
-        if window and max(len(p) for p in prompts) + args.max_tokens >= window:
-            print(f"  note: past {window} tokens (the sliding window) no round fits: those tokens decode without drafts")
+        print(f"\n{workload}: prompts of {', '.join(str(len(p)) for p in prompts)} tokens"
+              + (f" (sliding window {window})" if window else ""))
         tps: dict[str, list[float]] = {mode: [] for mode in modes}  # each run's, repeat by repeat, request by request
         workload_tps: dict[str, list[float]] = {mode: [] for mode in modes}  # each repeat's
         drafted: dict[str, int] = {mode: 0 for mode in modes}
@@ -213,6 +215,7 @@ def main() -> int:
                        for prompt, answer in zip(prompts, answers)]
             print(f"  replayed, n-grams up to {n}: rounds {', '.join(str(r) for r, _ in replays)}; "
                   f"modelled {', '.join(f'{x:.2f}x' for _, x in replays)}")
+    print(f"\nload average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print("\nevery mode produced the plain run's tokens" if exact else "\nSPECULATION CHANGED TOKENS")
     return 0 if exact else 1
 
@@ -222,9 +225,10 @@ def chat_prompts(binding: MlxAutoregressiveBinding, requests: list[str]) -> list
 
 
 def base_workloads(binding: MlxAutoregressiveBinding) -> dict[str, list[list[int]]]:
-    # NOTE: the file's first half: rounds verify only while a sliding window has room (`round_fits`),
-    # so on Gemma 3 (window 512) prompt and answer must stay under 512 tokens for drafts to run at all.
-    # Worded as a file's before and after: with "the same file, with ..." Gemma 3 270M writes new code.
+    # NOTE: the file's first half (~320-token prompts): Gemma 3 270M copies it, but writes new code
+    # after the whole file or ~420 tokens of it. Rounds verify past its 512-token sliding window too
+    # (cache/ring_rounds.py): `--max-tokens 300` answers run past it. Worded as a file's before and
+    # after: with "the same file, with ..." the model writes new code as well.
     code = CODE_FILE[: CODE_FILE.index("    def sell")]
     edits = [f"# inventory.py (before)\n```python\n{code}```\n\n# inventory.py (after {change})\n```python\n"
              for change in BASE_EDIT_CHANGES]

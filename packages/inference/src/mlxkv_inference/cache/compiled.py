@@ -75,6 +75,11 @@ class CompiledDecoder:
 
     def _build(self, stand_ins: list[DecodeStandIn], sizes: list[int]) -> StepFn:
         model = self._model
+        # NOTE: a parameter still lazy when traced (widened to 8 bits or float32 at load, and not
+        # yet read by a forward whose logits were evaluated) is traced with the graph that makes
+        # it, and recomputed by every call (Gemma 3's last layer after a prefill, which evaluates only
+        # what the caches need: see docs/benchmarks.md).
+        _mlx_lm.eval_parameters(model)
 
         def run(tokens: mx.array, *flat: mx.array) -> list[mx.array]:
             at = 0

@@ -11,6 +11,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlxkv_inference.cache.contract import CacheTrimError, DecodePhase, DecodePlan
+from mlxkv_inference.cache.ring_rounds import RingState, round_layout
 from mlxkv_inference.cache.stand_ins import KvStandIn, PlainKvStandIn
 
 STEP = 256
@@ -149,6 +150,9 @@ class RotatingKVCache(_DenseBuffers):
     Phase "concat" until the window fills, then "ring": each token overwrites the oldest. Once
     wrapped, evicted tokens are gone, so the cache is no longer trimmable, except
     `trim(n, bypass=True)` right after a multi-token write, which shrinks the buffer tail.
+    A speculative round (`begin_round` .. `end_round`) is verified against a buffer holding both
+    the ring and its new keys (`cache/ring_rounds.py`) and keeps its first n positions as single
+    steps would have written them, wrapped or not.
     """
 
     step = STEP
@@ -163,9 +167,12 @@ class RotatingKVCache(_DenseBuffers):
         self.offset = 0
         self._idx = 0
         self._after_multi_write = False
+        self._round: tuple[int, int, tuple[mx.array, mx.array] | None] | None = None  # (rows, offset, new keys/values)
 
     # -- mlx-lm cache interface -------------------------------------------------------------
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        if self._round is not None and self._round[0] == keys.shape[2] and self.keys is not None:
+            return self._round_fetch(keys, values)
         if keys.shape[2] == 1:
             self._after_multi_write = False
             return self._update_in_place(keys, values)
@@ -173,6 +180,10 @@ class RotatingKVCache(_DenseBuffers):
         return self._update_concat(keys, values)
 
     def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False) -> Any:
+        if self._round is not None and self._round[0] == n and self.keys is not None:
+            if window_size is not None and window_size < self.max_size:
+                raise ValueError(f"a round's layout assumes the window is the ring ({self.max_size}), not {window_size}")
+            return mx.array(round_layout(self._ring_state(), n).visible)
         if n > 1:
             window = window_size or self.max_size
             offset = min(self.max_size - 1, self.offset)
@@ -274,6 +285,41 @@ class RotatingKVCache(_DenseBuffers):
         buffers owned by this cache alone."""
         n = self.offset if self.keys is None else min(self.keys.shape[2], self.offset)
         self.keys, self.values = _owned_prefix(self.keys, n), _owned_prefix(self.values, n)
+
+    # -- speculative rounds --------------------------------------------------------------
+    def begin_round(self, rows: int) -> None:
+        """The next `rows`-token write is a round's (see the class): `end_round` follows it."""
+        if not 1 <= rows <= self.max_size - self.keep:
+            raise ValueError(f"a round of {rows} positions does not fit a {self.max_size}-token window keeping {self.keep}")
+        self._round = (rows, self.offset, None)
+
+    def end_round(self, kept: int) -> None:
+        """Keep the round's first `kept` positions, written as single steps write them."""
+        if self._round is None:
+            return
+        rows, start, new = self._round
+        self._round = None
+        if new is None:  # no write, or an ordinary one (into an empty cache): trim it as before
+            self.trim(max(self.offset - start - kept, 0))
+            return
+        self.offset = start
+        for i in range(min(kept, rows)):
+            self._update_in_place(new[0][..., i : i + 1, :], new[1][..., i : i + 1, :])
+        self._after_multi_write = False
+
+    def _round_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        assert self._round is not None and self.keys is not None and self.values is not None
+        rows, start, _ = self._round
+        gather = mx.array(round_layout(self._ring_state(), rows).gather)
+        fetched = (mx.take(mx.concatenate([self.keys, keys], axis=2), gather, axis=2),
+                   mx.take(mx.concatenate([self.values, values], axis=2), gather, axis=2))
+        self._round = (rows, start, (keys, values))
+        self.offset = start + rows
+        return fetched
+
+    def _ring_state(self) -> RingState:
+        assert self.keys is not None
+        return RingState(self.keys.shape[2], self.offset, self._idx, self.keep, self.max_size, self.step)
 
     # -- helpers (mlx-lm's RotatingKVCache arithmetic) --------------------------------------
     def _trim_front(self, trim_size: int, v: mx.array, append: mx.array | None = None) -> mx.array:

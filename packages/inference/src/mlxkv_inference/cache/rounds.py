@@ -4,7 +4,8 @@ exactly the first n of them afterwards (trimmed, or rolled back and fed again).
 Used by speculative rounds (`speculative/`) and by the binding's probes that check a
 multi-position forward is bitwise single steps; it lives with the caches so both can use it.
 
-Rolling back: KV caches drop the rejected positions by trimming; recurrent caches go back to
+Rolling back: KV caches drop the rejected positions by trimming (a rotating cache writes the kept
+ones as single steps would: `RotatingKVCache.end_round`); recurrent caches go back to
 their pre-round state and the kept positions are fed again: through each recurrent layer alone,
 from the inputs it recorded on the round's forward (`cache/recurrent_replay.py`, where the binding
 probed it exact), else through the whole model in one forward (exact for the same reason).
@@ -40,6 +41,16 @@ def round_fits(caches: Sequence[LayerCache], positions: int, kv_scheme: KvScheme
     return max(fits, 1)
 
 
+def round_positions(caches: Sequence[LayerCache], positions: int, kv_scheme: KvScheme) -> int:
+    """The most positions (<= `positions`) a speculative `Round` may verify: as `round_fits`, but
+    a sliding window never stops it (a round over a rotating cache sees what single steps would,
+    wrapped or not), only its size (a round writes each ring cell at most once)."""
+    rotating = [c for c in caches if isinstance(c, RotatingKVCache)]
+    others = [c for c in caches if not isinstance(c, RotatingKVCache)]
+    fits = round_fits(others, positions, kv_scheme)
+    return max(min([fits, *(c.max_size - c.keep for c in rotating)]), 1)
+
+
 class Round:
     """One open round over a sequence's caches: `begin` before its forward, `keep(n)` after.
     `replay`: recurrent layers may record how to feed kept positions again by themselves."""
@@ -51,27 +62,33 @@ class Round:
         for cache in caches:
             if isinstance(cache, RecurrentCache):
                 cache.spec_round_begin(replay)
+            elif isinstance(cache, RotatingKVCache):
+                cache.begin_round(fed)
 
     def keep(self, n: int, tokens: Sequence[int], refeed: Refeed) -> None:
         """Keep the round's first `n` fed positions (`tokens` are the round's fed tokens)."""
         if not 1 <= n <= self._fed:
             raise ValueError(f"a round keeps 1..{self._fed} positions, not {n}")
         recurrent = [c for c in self._caches if isinstance(c, RecurrentCache)]
-        if n == self._fed:
-            for state in recurrent:
-                state.spec_round_commit()
-            return
-        if all(state.replayable for state in recurrent):  # none, or every one recorded its replay
+        if n == self._fed or all(state.replayable for state in recurrent):  # none, or each recorded its replay
             for cache in self._caches:
-                if isinstance(cache, RecurrentCache):
-                    cache.spec_round_replay(n)
-                else:
+                if isinstance(cache, RotatingKVCache):
+                    cache.end_round(n)
+                elif isinstance(cache, RecurrentCache):
+                    if n == self._fed:
+                        cache.spec_round_commit()
+                    else:
+                        cache.spec_round_replay(n)
+                elif n < self._fed:
                     cache.trim(self._fed - n)
-            mx.eval([state.state for state in recurrent])
+            if n < self._fed:
+                mx.eval([state.state for state in recurrent])
             return
         for layer, start in zip(self._caches, self._offsets):  # back to the round's start, then the kept positions again
             if isinstance(layer, RecurrentCache):
                 layer.spec_round_rollback()
+            elif isinstance(layer, RotatingKVCache):
+                layer.end_round(0)
             else:
                 layer.trim(layer.offset - start)
         refeed(list(tokens[:n]), self._caches)

@@ -128,6 +128,9 @@ class DraftModel:
         self._caches: list[LayerCache] = self._tagged(state.caches) if state is not None else self._fresh()
         self._tokens: list[int] = list(state.tokens) if state is not None else []  # what the caches hold
         self._target = target
+        # Copies of the caches holding the history before the last drafts were fed, kept where they
+        # cannot be trimmed back (a wrapped sliding-window ring): the next proposal starts from them.
+        self._base: tuple[int, list[LayerCache]] | None = None
         self.catch_up_s = 0.0  # seconds the last proposal spent reading a whole prompt first (not drafting)
 
     def snapshot(self, history: Sequence[int]) -> DraftState | None:
@@ -150,7 +153,7 @@ class DraftModel:
             return self._propose(history, limit)
         except Exception:  # noqa: BLE001 - drafts only speed a generation up: a failing draft model must not fail it
             log.warning("the draft model failed; it starts over from the history", exc_info=True)
-            self._caches, self._tokens = self._fresh(), []
+            self._caches, self._tokens, self._base = self._fresh(), [], None
             return []
 
     def _propose(self, history: Sequence[int], limit: int) -> list[int]:
@@ -158,7 +161,7 @@ class DraftModel:
         stale = len(history) - keep > self.SYNC_AFTER or not (covered_tokens(self._caches) <= keep or all_trimmable(self._caches))
         if stale and self._target is not None and covered_tokens(self._target) == len(history) - 1:
             self._caches = self._tagged([cache.clone() for cache in self._target[: len(self._caches)]])
-            self._tokens = list(history[:-1])
+            self._tokens, self._base = list(history[:-1]), None
         else:
             self._rewind(keep)
         fresh = list(history[len(self._tokens) :])
@@ -170,6 +173,7 @@ class DraftModel:
             self.binding.feed(fresh[:-1], self._caches)
         logits = self.binding.decode(mx.array(fresh[-1:]), self._caches)
         self._tokens = list(history)
+        self._base = None if all_trimmable(self._caches) else (len(history), [c.clone() for c in self._caches])
         drafts: list[int] = []
         for i in range(limit):
             token = _argmax(logits)
@@ -186,9 +190,12 @@ class DraftModel:
         try:
             for cache in self._caches:
                 cache.trim(held - keep)
-        except CacheTrimError:  # a wrapped ring or recurrent state: start over from the history
-            self._caches = self._fresh()
-            self._tokens = []
+        except CacheTrimError:  # a wrapped ring or recurrent state: from before the drafts, else start over
+            base, self._base = self._base, None
+            if base is not None and base[0] <= keep:
+                self._caches, self._tokens = self._tagged(base[1]), self._tokens[: base[0]]
+            else:
+                self._caches, self._tokens = self._fresh(), []
             return
         self._tokens = self._tokens[:keep]
 
