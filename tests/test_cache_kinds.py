@@ -8,7 +8,8 @@ import pytest
 from mlxkv_inference import KvScheme
 from mlxkv_inference.cache.contract import CacheTrimError, CompiledDecodeCache
 from mlxkv_inference.cache.factory import make_caches, maybe_quantize
-from mlxkv_inference.cache.kv import PlainKVCache, RotatingKVCache
+from mlxkv_inference.cache.kv import PlainKVCache
+from mlxkv_inference.cache.rotating import RotatingKVCache
 from mlxkv_inference.cache.quantized import QuantizedKVCache
 from mlxkv_inference.cache.recurrent import RecurrentCache
 from tests.factories import make_tiny_binding

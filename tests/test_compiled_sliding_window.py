@@ -12,7 +12,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, SamplingParams
-from mlxkv_inference.cache.kv import RotatingKVCache
+from mlxkv_inference.cache.rotating import RotatingKVCache
 from tests.factories import make_prompt, make_tiny_binding
 
 WINDOW = 512

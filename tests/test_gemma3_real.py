@@ -13,7 +13,7 @@ import pytest
 from mlxkv.engine.cache_services import build_tiers
 from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding
 from mlxkv_inference._mlx_lm import load_directory, mlx_lm_step_tokens
-from mlxkv_inference.cache.kv import RotatingKVCache
+from mlxkv_inference.cache.rotating import RotatingKVCache
 from mlxkv_inference.generation.cached_generation import CachedGenerator
 from mlxkv_inference.models.gguf_reader import read_gguf
 from tests.test_gguf_quants import dequantized

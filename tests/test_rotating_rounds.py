@@ -11,7 +11,7 @@ import mlx.core as mx
 import pytest
 
 from mlxkv_inference import Generation, GenerationParams, SamplingParams
-from mlxkv_inference.cache.kv import RotatingKVCache
+from mlxkv_inference.cache.rotating import RotatingKVCache
 from mlxkv_inference.cache.ring_rounds import RingState, round_layout
 from mlxkv_inference.models.draft import layer_skip_draft
 from mlxkv_inference.speculative.speculation import SpeculativeMode, SpeculativeParams

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxkv_inference.cache.kv import RotatingKVCache
+from mlxkv_inference.cache.rotating import RotatingKVCache
 from mlxkv_ssd_cache import KvIdentity, SsdCacheStore
 from tests.factories import make_plain_caches
 

@@ -14,7 +14,8 @@ from typing import Protocol
 import mlx.core as mx
 
 from mlxkv_inference.cache.factory import LayerCache
-from mlxkv_inference.cache.kv import STEP, PlainKVCache, RotatingKVCache
+from mlxkv_inference.cache.kv import STEP, PlainKVCache
+from mlxkv_inference.cache.rotating import RotatingKVCache
 from mlxkv_inference.cache.quantized import QuantizedKVCache
 from mlxkv_inference.cache.recurrent import RecurrentCache
 from mlxkv_state.errors import CodecMismatchError, UnpersistableCacheError

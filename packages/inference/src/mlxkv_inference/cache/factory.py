@@ -5,7 +5,8 @@ from __future__ import annotations
 import mlx.nn as nn
 
 from mlxkv_inference import _mlx_lm
-from mlxkv_inference.cache.kv import PlainKVCache, RotatingKVCache
+from mlxkv_inference.cache.kv import PlainKVCache
+from mlxkv_inference.cache.rotating import RotatingKVCache
 from mlxkv_inference.cache.quantized import QuantizedKVCache
 from mlxkv_inference.cache.recurrent import RecurrentCache
 from mlxkv_inference.errors import UnsupportedModelError

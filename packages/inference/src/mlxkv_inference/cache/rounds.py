@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import mlx.core as mx
 
 from mlxkv_inference.cache.factory import LayerCache
-from mlxkv_inference.cache.kv import RotatingKVCache
+from mlxkv_inference.cache.rotating import RotatingKVCache
 from mlxkv_inference.cache.quantized import QuantizedKVCache
 from mlxkv_inference.cache.recurrent import RecurrentCache
 from mlxkv_inference.kv_scheme import KvScheme

@@ -1,0 +1,252 @@
+"""A sliding-window KV cache (mlx-lm's `RotatingKVCache` arithmetic, bit for bit), with the
+`CompiledDecodeCache` contract and speculative rounds over its ring."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+from mlxkv_inference.cache.contract import CacheTrimError, DecodePhase, DecodePlan
+from mlxkv_inference.cache.kv import STEP, DenseBuffers, buffer_view, check_trim, mlx_causal, owned_prefix
+from mlxkv_inference.cache.ring_rounds import RingState, round_layout
+from mlxkv_inference.cache.stand_ins import KvStandIn
+
+
+class RotatingKVCache(DenseBuffers):
+    """A sliding window of `max_size` tokens (the first `keep` are never evicted).
+
+    Phase "concat" until the window fills, then "ring": each token overwrites the oldest. Once
+    wrapped, evicted tokens are gone, so the cache is no longer trimmable, except
+    `trim(n, bypass=True)` right after a multi-token write, which shrinks the buffer tail.
+    A speculative round (`begin_round` .. `end_round`) is verified against a buffer holding both
+    the ring and its new keys (`cache/ring_rounds.py`) and keeps its first n positions as single
+    steps would have written them, wrapped or not.
+    """
+
+    step = STEP
+
+    def __init__(self, max_size: int, keep: int = 0) -> None:
+        if max_size < 1 or not 0 <= keep < max_size:
+            raise ValueError(f"rotating cache needs max_size >= 1 and 0 <= keep < max_size; got {max_size}, {keep}")
+        self.max_size = max_size
+        self.keep = keep
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+        self.offset = 0
+        self._idx = 0
+        self._after_multi_write = False
+        self._round: tuple[int, int, tuple[mx.array, mx.array] | None] | None = None  # (rows, offset, new keys/values)
+
+    # -- mlx-lm cache interface -------------------------------------------------------------
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        if self._round is not None and self._round[0] == keys.shape[2] and self.keys is not None:
+            return self._round_fetch(keys, values)
+        if keys.shape[2] == 1:
+            self._after_multi_write = False
+            return self._update_in_place(keys, values)
+        self._after_multi_write = True
+        return self._update_concat(keys, values)
+
+    def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False) -> Any:
+        if self._round is not None and self._round[0] == n and self.keys is not None:
+            if window_size is not None and window_size < self.max_size:
+                raise ValueError(f"a round's layout assumes the window is the ring ({self.max_size}), not {window_size}")
+            return mx.array(round_layout(self._ring_state(), n).visible)
+        if n > 1:
+            window = window_size or self.max_size
+            offset = min(self.max_size - 1, self.offset)
+            if offset + n > window or return_array:
+                return mlx_causal(n, offset, window)
+            return "causal"
+        if window_size is None or not (self.offset >= window_size and self.max_size > window_size):
+            return None
+        idx = 0 if self._idx >= self.max_size else self._idx
+        size = self.offset + 1 if self.offset < self.max_size else self.max_size
+        return mx.roll(mx.arange(size) >= (size - window_size), idx + 1)
+
+    def size(self) -> int:
+        return min(self.offset, self.max_size)
+
+    @property
+    def state(self) -> tuple[mx.array | None, mx.array | None, int, int, int, int]:
+        return self.keys, self.values, self.offset, self.keep, self.max_size, self._idx
+
+    @property
+    def ring_index(self) -> int:
+        return self._idx
+
+    def restore_ring(self, keys: mx.array, values: mx.array, offset: int, ring_index: int) -> None:
+        """Install persisted buffers (what the codec wrote: the buffer up to min(len, offset))."""
+        if keys.shape != values.shape[:3] + (keys.shape[3],) or keys.shape[2] > max(offset, 1) + self.max_size:
+            raise ValueError(f"ring buffers of shape {keys.shape} do not fit offset {offset} and window {self.max_size}")
+        if not 0 <= ring_index <= keys.shape[2]:
+            raise ValueError(f"ring index {ring_index} is outside the {keys.shape[2]}-token buffer")
+        self.keys, self.values, self.offset, self._idx = keys, values, offset, ring_index
+
+    # -- contract ------------------------------------------------------------------------
+    @property
+    def minimum_reusable_offset(self) -> int:
+        return 0
+
+    def signature(self) -> str:
+        return "kv.rotating/1"
+
+    def is_trimmable(self) -> bool:
+        return self.offset < self.max_size
+
+    def trim(self, n: int, bypass: bool = False) -> int:
+        n = check_trim(n, self.offset)
+        if n == 0:
+            return 0
+        if bypass and self._after_multi_write and self.keys is not None and self.values is not None:
+            # The buffer is in temporal order right after a multi-token write: cut its tail.
+            end = self.keys.shape[2] - n
+            if end < 1:
+                raise CacheTrimError(f"cannot trim {n} of the {self.keys.shape[2]} buffered tokens")
+            self.keys, self.values = self.keys[..., :end, :], self.values[..., :end, :]
+            self.offset -= n
+            self._idx = end
+            return n
+        if bypass:
+            raise CacheTrimError("bypass trim is only possible right after a multi-token write")
+        if not self.is_trimmable():
+            raise CacheTrimError(f"rotating cache wrapped at {self.max_size} tokens (offset {self.offset}); it cannot be trimmed")
+        self.offset -= n
+        self._idx -= n
+        return n
+
+    def decode_phase(self) -> DecodePhase:
+        return "ring" if self.offset >= self.max_size else "concat"
+
+    def prepare_decode_step(self, rows: int = 1) -> DecodePlan | None:
+        if self.keys is None or self.values is None or rows != 1:
+            return None
+        self._prepare_in_place(self.keys, self.values)
+        assert self.keys is not None
+        return DecodePlan(self.decode_phase(), self.keys.shape[2], self._idx, self.offset)
+
+    def decode_stand_in(self, plan: DecodePlan) -> KvStandIn:
+        return KvStandIn(plan)
+
+    def decode_inputs(self, plan: DecodePlan) -> list[mx.array]:
+        assert self.keys is not None and self.values is not None
+        return [self.keys, self.values, mx.array(plan.offset, dtype=mx.int32), mx.array(plan.write_index, dtype=mx.int32)]
+
+    def commit_decode_step(self, plan: DecodePlan, outputs: list[mx.array]) -> None:
+        self.keys, self.values = outputs
+        self.offset = plan.offset + 1
+        self._idx = plan.write_index + 1
+        self._after_multi_write = False
+
+    def dispose(self) -> None:
+        self.keys = self.values = None
+        self.offset = self._idx = 0
+
+    def clone(self) -> RotatingKVCache:
+        other = RotatingKVCache(self.max_size, self.keep)
+        other.keys, other.values = buffer_view(self.keys), buffer_view(self.values)
+        other.offset, other._idx, other._after_multi_write = self.offset, self._idx, self._after_multi_write
+        return other
+
+    def compact(self) -> None:
+        """Hold only the buffered tokens (past the offset an unwrapped buffer holds zeros), in
+        buffers owned by this cache alone."""
+        n = self.offset if self.keys is None else min(self.keys.shape[2], self.offset)
+        self.keys, self.values = owned_prefix(self.keys, n), owned_prefix(self.values, n)
+
+    # -- speculative rounds --------------------------------------------------------------
+    def begin_round(self, rows: int) -> None:
+        """The next `rows`-token write is a round's (see the class): `end_round` follows it."""
+        if not 1 <= rows <= self.max_size - self.keep:
+            raise ValueError(f"a round of {rows} positions does not fit a {self.max_size}-token window keeping {self.keep}")
+        self._round = (rows, self.offset, None)
+
+    def end_round(self, kept: int) -> None:
+        """Keep the round's first `kept` positions, written as single steps write them."""
+        if self._round is None:
+            return
+        rows, start, new = self._round
+        self._round = None
+        if new is None:  # no write, or an ordinary one (into an empty cache): trim it as before
+            self.trim(max(self.offset - start - kept, 0))
+            return
+        self.offset = start
+        for i in range(min(kept, rows)):
+            self._update_in_place(new[0][..., i : i + 1, :], new[1][..., i : i + 1, :])
+        self._after_multi_write = False
+
+    def _round_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        assert self._round is not None and self.keys is not None and self.values is not None
+        rows, start, _ = self._round
+        gather = mx.array(round_layout(self._ring_state(), rows).gather)
+        fetched = (mx.take(mx.concatenate([self.keys, keys], axis=2), gather, axis=2),
+                   mx.take(mx.concatenate([self.values, values], axis=2), gather, axis=2))
+        self._round = (rows, start, (keys, values))
+        self.offset = start + rows
+        return fetched
+
+    def _ring_state(self) -> RingState:
+        assert self.keys is not None
+        return RingState(self.keys.shape[2], self.offset, self._idx, self.keep, self.max_size, self.step)
+
+    # -- helpers (mlx-lm's RotatingKVCache arithmetic) --------------------------------------
+    def _trim_front(self, trim_size: int, v: mx.array, append: mx.array | None = None) -> mx.array:
+        parts = [v[..., : self.keep, :], v[..., trim_size + self.keep :, :]] if trim_size > 0 else [v]
+        if append is not None:
+            parts.append(append)
+        return mx.concatenate(parts, axis=2)
+
+    def _temporal_order(self, v: mx.array) -> mx.array:
+        if self._idx == v.shape[2]:
+            return v
+        if self._idx < self.offset:
+            return mx.concatenate([v[..., : self.keep, :], v[..., self._idx :, :], v[..., self.keep : self._idx, :]], axis=2)
+        return v[..., : self._idx, :]
+
+    def _update_concat(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        if self.keys is None or self.values is None:
+            self.keys, self.values = keys, values
+        else:
+            self.keys, self.values = self._temporal_order(self.keys), self._temporal_order(self.values)
+            self._idx = self.keys.shape[2]
+            # Keep max_size - 1 old tokens so every new token sees a full window.
+            trim_size = self._idx - self.max_size + 1
+            self.keys = self._trim_front(trim_size, self.keys, keys)
+            self.values = self._trim_front(trim_size, self.values, values)
+        self.offset += keys.shape[2]
+        self._idx = self.keys.shape[2]
+        return self.keys, self.values
+
+    def _prepare_in_place(self, keys: mx.array, values: mx.array) -> None:
+        prev = self.offset
+        if self.keys is None or self.values is None or (prev >= self.keys.shape[2] and self.keys.shape[2] < self.max_size):
+            b, heads, _, k_dim = keys.shape
+            new_size = min(self.step, self.max_size - prev)
+            new_k = mx.zeros((b, heads, new_size, k_dim), keys.dtype)
+            new_v = mx.zeros((b, heads, new_size, values.shape[3]), values.dtype)
+            if self.keys is None or self.values is None:
+                self.keys, self.values = new_k, new_v
+            else:
+                self.keys = mx.concatenate([self.keys, new_k], axis=2)
+                self.values = mx.concatenate([self.values, new_v], axis=2)
+            self._idx = prev
+        trim_size = self.keys.shape[2] - self.max_size
+        if trim_size > 0:
+            self.keys = self._trim_front(trim_size, self.keys)
+            self.values = self._trim_front(trim_size, self.values)
+            self._idx = self.max_size
+        if self._idx == self.max_size:
+            self._idx = self.keep
+
+    def _update_in_place(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self._prepare_in_place(keys, values)
+        assert self.keys is not None and self.values is not None
+        n = keys.shape[2]
+        self.keys[..., self._idx : self._idx + n, :] = keys
+        self.values[..., self._idx : self._idx + n, :] = values
+        self.offset += n
+        self._idx += n
+        if self.offset < self.keys.shape[2]:
+            return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+        return self.keys, self.values
