@@ -2,7 +2,7 @@
 
 uvicorn bounds only the idle time between requests (keep-alive); a client that sends one header
 line every few seconds, a body shorter than its Content-Length or a chunked body that never ends
-holds its connection (and a slot of `limit_concurrency`) forever.
+holds its connection (and one of `limit_concurrency`'s places) forever.
 
     connection made / previous response sent --- read_timeout_s ---> request not fully read? close
 """

@@ -51,7 +51,7 @@ class AdapterBank:
         # (the same digests are the same files), the plan for the last batch (the same for many steps).
         self._shapes: dict[str, frozenset[tuple[int, int, int]]] = {}
         self._paths: dict[str, tuple[str, ...]] = {}
-        self._slots: dict[str, tuple[Any, str]] = {}  # module path -> (parent module, leaf name)
+        self._sites: dict[str, tuple[Any, str]] = {}  # module path -> (parent module, leaf name)
         self._last_plan: tuple[tuple[AdapterStack | None, ...], tuple[int, ...], RowPlan] | None = None
 
     def check(self, adapter: Adapter) -> None:
@@ -159,11 +159,11 @@ class AdapterBank:
         return self._paths[stack.ns]
 
     def _swap_in(self, path: str, plan: RowPlan) -> tuple[Any, str, AdaptedLinear]:
-        slot = self._slots.get(path)
-        if slot is None:
+        site = self._sites.get(path)
+        if site is None:
             parent_path, _, leaf = path.rpartition(".")
-            slot = self._slots[path] = (self._modules()[parent_path], leaf)
-        parent, leaf = slot
+            site = self._sites[path] = (self._modules()[parent_path], leaf)
+        parent, leaf = site
         wrapper = self._wrappers.get(path)
         if wrapper is None or wrapper.base is not parent[leaf]:
             wrapper = self._wrappers[path] = AdaptedLinear(parent[leaf], path)
