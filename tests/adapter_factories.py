@@ -8,30 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from mlxkv_inference import MlxAutoregressiveBinding
 from mlxkv_inference._mlx_lm import build_model, train_adapter
 from mlxkv_inference.adapters import AdapterStack, load_adapter
 from mlxkv_inference.cache.factory import LayerCache
-from tests.factories import ByteTokenizer, make_prompt
+from tests.factories import make_prompt
 
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
            "mlp.up_proj", "mlp.down_proj")
-
-
-def write_model_directory(binding: MlxAutoregressiveBinding, directory: Path) -> Path:
-    """The tiny model as an mlx-lm directory (config, weights, tokenizer); returns it."""
-    directory.mkdir(parents=True)
-    (directory / "config.json").write_text(json.dumps(binding.config))
-    weights: dict[str, mx.array] = dict(tree_flatten(binding.model.parameters()))  # type: ignore[no-untyped-call]
-    mx.save_safetensors(str(directory / "model.safetensors"), weights)
-    tokenizer = binding.tokenizer
-    assert isinstance(tokenizer, ByteTokenizer)
-    tokenizer.backend.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(
-        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<eos>"}))
-    return directory
 
 
 def write_trained_adapter(binding: MlxAutoregressiveBinding, directory: Path, *, kind: str = "lora", seed: int = 0,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -218,3 +220,17 @@ def count_fed_tokens(binding: MlxAutoregressiveBinding, monkeypatch: Any) -> lis
 
     monkeypatch.setattr(binding, "feed", counted)
     return fed
+
+
+def save_mlx_lm_directory(binding: MlxAutoregressiveBinding, directory: Path) -> Path:
+    """A tiny model as an mlx-lm directory (config, weights, tokenizer); returns the directory."""
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps(binding.config))
+    weights: dict[str, mx.array] = dict(tree_flatten(binding.model.parameters()))  # type: ignore[no-untyped-call]
+    mx.save_safetensors(str(directory / "model.safetensors"), weights)
+    tokenizer = binding.tokenizer
+    assert isinstance(tokenizer, ByteTokenizer)
+    tokenizer.backend.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<eos>"}))
+    return directory

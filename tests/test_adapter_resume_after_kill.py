@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 
-from tests.adapter_factories import write_model_directory, write_random_adapter
-from tests.factories import EOS_ID, make_tiny_binding
+from tests.adapter_factories import write_random_adapter
+from tests.factories import EOS_ID, make_tiny_binding, save_mlx_lm_directory
 from tests.server_process import ServerProcess
 
 KILL_AFTER = 30  # text chunks seen before the kill
@@ -44,7 +44,7 @@ def complete(server: ServerProcess, body: dict[str, Any]) -> dict[str, Any]:
 
 def test_sigkill_then_the_identical_request_under_its_adapter_continues_exactly(tmp_path: Path) -> None:
     base = make_tiny_binding("llama", seed=5)
-    model = write_model_directory(base, tmp_path / "tiny-llama")
+    model = save_mlx_lm_directory(base, tmp_path / "tiny-llama")
     adapter = write_random_adapter(base, tmp_path / "adapter", seed=3)
     args = ("--model", str(model), "--adapter", f"story={adapter}", "--generation-checkpoint", str(CHECKPOINT_EVERY))
     body = {"model": "story", "prompt": "Once upon a time", "max_tokens": 160, "temperature": 0.8, "seed": 11,

@@ -9,13 +9,13 @@ import pytest
 
 from mlxkv.cli import main
 from mlxkv_inference import Generation, GenerationParams, load_binding
-from tests.adapter_factories import adapted_caches, write_model_directory, write_random_adapter
-from tests.factories import make_tiny_binding
+from tests.adapter_factories import adapted_caches, write_random_adapter
+from tests.factories import make_tiny_binding, save_mlx_lm_directory
 
 
 def test_generate_answers_under_the_adapter(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = make_tiny_binding("llama", seed=5)
-    directory = write_model_directory(base, tmp_path / "tiny-llama")
+    directory = save_mlx_lm_directory(base, tmp_path / "tiny-llama")
     adapter = write_random_adapter(base, tmp_path / "adapter", seed=1)
     argv = ["generate", "--model", str(directory), "--raw", "hello", "-m", "10", "--no-ssd-cache",
             "--cpu-kernels", "mlx"]
@@ -31,7 +31,7 @@ def test_generate_answers_under_the_adapter(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_generate_refuses_an_adapter_of_another_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    directory = write_model_directory(make_tiny_binding("llama", seed=5), tmp_path / "tiny-llama")
+    directory = save_mlx_lm_directory(make_tiny_binding("llama", seed=5), tmp_path / "tiny-llama")
     other = make_tiny_binding("llama", seed=1, hidden_size=32, num_attention_heads=2, num_key_value_heads=1)
     adapter = write_random_adapter(other, tmp_path / "other", base_model="tiny-other")
     assert main(["generate", "--model", str(directory), "--raw", "hi", "--no-ssd-cache", "--adapter", f"o={adapter}"]) == 2

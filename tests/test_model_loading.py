@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from mlx.utils import tree_flatten
 
 from mlxkv_inference import (
     Generation, GenerationParams, KvScheme, MlxAutoregressiveBinding, ModelLoadError, UnsupportedModelError, load_binding,
 )
 from mlxkv_inference.models.gguf import gguf_config
-from tests.factories import ByteTokenizer, make_prompt, make_tiny_binding
+from tests.factories import make_prompt, make_tiny_binding, save_mlx_lm_directory
 
 LLAMA_META = {
     "general.architecture": "llama",
@@ -62,19 +60,6 @@ def test_gguf_config_maps_llama_metadata() -> None:
 def test_missing_model_path_is_an_error_and_never_a_download(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="does not exist.*nothing is downloaded"):
         load_binding(tmp_path / "no-such-model")
-
-
-def save_mlx_lm_directory(binding: MlxAutoregressiveBinding, directory: Path) -> None:
-    directory.mkdir()
-    (directory / "config.json").write_text(json.dumps(binding.config))
-    weights: dict[str, mx.array] = dict(tree_flatten(binding.model.parameters()))  # type: ignore[no-untyped-call]
-    mx.save_safetensors(str(directory / "model.safetensors"), weights)
-    tokenizer = binding.tokenizer
-    assert isinstance(tokenizer, ByteTokenizer)
-    tokenizer.backend.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(
-        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<eos>"})
-    )
 
 
 def test_local_mlx_lm_directory_loads_and_generates_like_the_original(tmp_path: Path) -> None:

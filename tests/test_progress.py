@@ -19,7 +19,7 @@ from mlxkv.progress import PrefillLog
 from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding
 from tests.factories import make_prompt, make_tiny_binding
 from tests.test_cli_cache import filled
-from tests.test_model_loading import save_mlx_lm_directory
+from tests.factories import save_mlx_lm_directory
 
 MLXKV = str(Path(sys.executable).parent / "mlxkv")
 

@@ -13,7 +13,7 @@ import httpx
 
 from tests.factories import EOS_ID, make_tiny_binding
 from tests.server_process import ServerProcess
-from tests.test_model_loading import save_mlx_lm_directory
+from tests.factories import save_mlx_lm_directory
 from tests.test_resume_after_kill import complete, stream_chunks
 
 MAX_TOKENS = 1500  # the EOS is barred, so every stream runs this long unless killed

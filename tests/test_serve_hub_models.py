@@ -17,7 +17,7 @@ from mlxkv.engine.model_sources import hub_cached, parse_model_spec, resolve_sou
 from mlxkv.engine.models import ModelSpec
 from mlxkv_inference.errors import ModelLoadError
 from tests.factories import make_tiny_binding
-from tests.test_model_loading import save_mlx_lm_directory
+from tests.factories import save_mlx_lm_directory
 from tests.test_serve_models import answer, complete, serve_args, serving
 
 REPO = "tiny-org/tiny-llama-4bit"

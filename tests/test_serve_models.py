@@ -22,7 +22,7 @@ from mlxkv_inference import MlxAutoregressiveBinding
 from mlxkv_serve import ServeConfig, ServeEngine, build_app
 from tests.factories import make_tiny_binding
 from tests.serving import running
-from tests.test_model_loading import save_mlx_lm_directory
+from tests.factories import save_mlx_lm_directory
 
 PROMPT = "the quick brown fox jumps over the lazy dog, " * 3
 EMBEDDED = "SmolLM2-135M-Instruct-Q4_1"

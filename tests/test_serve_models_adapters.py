@@ -12,7 +12,7 @@ import pytest
 from mlxkv.commands.serve import load_engine
 from tests.adapter_factories import write_random_adapter
 from tests.factories import make_tiny_binding
-from tests.test_model_loading import save_mlx_lm_directory
+from tests.factories import save_mlx_lm_directory
 from tests.test_serve_models import answer, complete, serve_args, serving
 
 

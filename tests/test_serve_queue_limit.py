@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.factories import EOS_ID, make_tiny_binding
 from tests.server_process import ServerProcess
-from tests.test_model_loading import save_mlx_lm_directory
+from tests.factories import save_mlx_lm_directory
 
 CLIENTS = 20
 MAX_QUEUE = 4
