@@ -1,6 +1,8 @@
-"""Speculative rounds over sliding-window (rotating) caches past the window: each position of a
-round attends exactly the keys, in the order, of a single decode step there, and the kept
-positions leave the cache as single steps would; generations give the tokens of not speculating."""
+"""Speculative rounds over sliding-window (rotating) caches: while the ring has room a round is a
+written chunk, trimmed after, and runs compiled; over a full ring each position attends its own
+copy of the ring, as its single step would see it. Either way every position gets bitwise the
+logits of single steps, the caches keep what single steps write, and generations the tokens of
+not speculating."""
 
 from __future__ import annotations
 
@@ -11,8 +13,11 @@ import mlx.core as mx
 import pytest
 
 from mlxkv_inference import Generation, GenerationParams, SamplingParams
+from mlxkv_inference.cache.kv import PlainKVCache
 from mlxkv_inference.cache.rotating import RotatingKVCache
-from mlxkv_inference.cache.ring_rounds import RingState, round_layout
+from mlxkv_inference.cache.ring_rounds import round_cells
+from mlxkv_inference.cache.rounds import Round, round_fits
+from mlxkv_inference.kv_scheme import KvScheme
 from mlxkv_inference.models.draft import layer_skip_draft
 from mlxkv_inference.speculative.speculation import SpeculativeMode, SpeculativeParams
 from tests.factories import count_fed_tokens, make_prompt, make_tiny_binding
@@ -21,88 +26,123 @@ WINDOW = 16
 SAMPLINGS = {"greedy": SamplingParams(), "seeded": SamplingParams(temperature=0.3, seed=3)}
 
 
-def test_round_layout_puts_each_new_key_before_the_slot_it_overwrites() -> None:
-    # The module's example: window 4 holding 8 9 6 7, next write at slot 2, a round of 10 11 12.
-    layout = round_layout(RingState(length=4, offset=10, index=2, keep=0, max_size=4, step=256), 3)
-    assert layout.gather == (0, 6, 1, 4, 3, 5)  # 8 12 9 10 7 11 (4 + j: the round's j-th key)
-    assert layout.visible == ((True, False, True, True, True, False),
-                              (True, False, True, True, False, True),
-                              (False, True, True, True, False, True))
+def test_a_round_never_starts_with_room_in_the_ring_and_ends_past_it() -> None:
+    cache = RotatingKVCache(WINDOW, keep=2)
+    cache.update_and_fetch(mx.zeros((1, 1, 12, 4)), mx.zeros((1, 1, 12, 4)))
+    assert round_fits([cache], 9, KvScheme(), full_rings=True) == WINDOW - 12 - 1
+    cache.update_and_fetch(mx.zeros((1, 1, 8, 4)), mx.zeros((1, 1, 8, 4)))  # full
+    assert round_fits([cache], 30, KvScheme(), full_rings=True) == WINDOW - 2  # one ring, less what it keeps
+    assert round_fits([cache], 9, KvScheme(), full_rings=False) == 1  # the binding did not find it exact
 
 
-def filled(max_size: int, keep: int, chunks: list[int]) -> RotatingKVCache:
-    """A cache fed `chunks` (multi-token writes, then single steps for chunks of 1) whose key
-    and value at each position are that position's number."""
-    cache = RotatingKVCache(max_size, keep)
-    at = 0
-    for n in chunks:
-        cache.update_and_fetch(*numbered(at, n))
-        at += n
-    return cache
+def test_round_cells_wrap_to_what_the_ring_keeps() -> None:
+    assert round_cells(13, 2, 16, 6) == [13, 14, 15, 2, 3, 4]
 
 
-def numbered(start: int, n: int) -> tuple[mx.array, mx.array]:
-    keys = mx.arange(start, start + n, dtype=mx.float32).reshape(1, 1, n, 1)
-    return keys, keys + 0.5
-
-
-@pytest.mark.parametrize(("keep", "chunks", "rows"), [
-    (0, [20], 5),  # right after a prompt chunk longer than the window
-    (0, [20, 1, 1, 1], 7),  # mid-ring
-    (0, [9, 1, 1, 1, 1], 6),  # the round fills the window and wraps
-    (0, [5], 3),  # far from the window: the causal round of before
-    (2, [13, 1, 1, 1, 1, 1, 1, 1, 1, 1], 8),  # mlx-lm's `keep`: first tokens never evicted
-    (0, [30, 1], 16),  # a round as long as the ring
+@pytest.mark.parametrize("compiled", [False, True], ids=["graph", "compiled"])
+@pytest.mark.parametrize("native", [False, True], ids=["mlx", "native"])
+@pytest.mark.parametrize(("prompt_tokens", "single_step", "rows"), [
+    (16, True, 4), (20, False, 5), (23, True, 6), (40, True, 16), (33, False, 9),
 ])
-def test_round_positions_see_what_single_steps_see_and_keep_their_state(keep: int, chunks: list[int], rows: int) -> None:
-    start = sum(chunks)
-    stepped = filled(16, keep, chunks)
-    singles = []
-    for j in range(rows):
-        keys, values = stepped.update_and_fetch(*numbered(start + j, 1))
-        singles.append((keys.reshape(-1).tolist(), values.reshape(-1).tolist()))
+def test_a_round_over_a_full_ring_gives_each_position_the_logits_and_ring_of_single_steps(
+    native: bool, compiled: bool, prompt_tokens: int, single_step: bool, rows: int
+) -> None:
+    binding = make_tiny_binding("gemma3_text", seed=1, native=native, sliding_window=WINDOW)
+    assert binding.verifies_full_rings
+    caches = binding.make_cache()
+    binding.prefill(make_prompt(prompt_tokens, seed=2), caches)  # no single step: the buffer is still a chunk's
+    if single_step:
+        binding.decode(mx.array([3]), caches)
+    fed = make_prompt(rows, seed=5)
     for kept in (1, rows // 2 + 1, rows):
-        cache = filled(16, keep, chunks)
-        cache.begin_round(rows)
-        mask = cache.make_mask(rows, window_size=16)
-        keys, values = cache.update_and_fetch(*numbered(start, rows))
-        for j in range(rows):
-            seen = [i for i in range(keys.shape[2]) if mask[j, i].item()]
-            assert [keys.reshape(-1)[i].item() for i in seen] == singles[j][0]
-            assert [values.reshape(-1)[i].item() for i in seen] == singles[j][1]
-        cache.end_round(kept)
-        reference = filled(16, keep, chunks + [1] * kept)
-        assert (cache.offset, cache.ring_index) == (reference.offset, reference.ring_index)
-        assert cache.keys is not None and reference.keys is not None
-        assert cache.keys.reshape(-1).tolist() == reference.keys.reshape(-1).tolist()
+        trial, alone = [c.clone() for c in caches], [c.clone() for c in caches]
+        single = [binding.decode(mx.array([t]), alone)[0] for t in fed[:kept]]
+        open_round = Round(trial, rows)
+        logits = binding.decode_compiled(mx.array(fed), trial) if compiled else binding.decode_positions(mx.array(fed), trial)
+        assert logits is not None
+        together = logits
+        open_round.keep(kept, fed, binding.feed)
+        assert all(mx.array_equal(together[i], single[i]).item() for i in range(kept))
+        for cache, reference in zip(trial, alone):
+            assert cache.offset == reference.offset
+            if isinstance(cache, RotatingKVCache) and isinstance(reference, RotatingKVCache):
+                assert cache.ring_index == reference.ring_index and not cache.rows_round
+                assert cache.keys is not None and reference.keys is not None
+                assert mx.array_equal(cache.keys, reference.keys).item()
 
 
 @pytest.mark.parametrize("native", [False, True], ids=["mlx", "native"])
 @pytest.mark.parametrize("sampling", SAMPLINGS)
 @pytest.mark.parametrize("mode", ["prompt_lookup", "draft"])
-def test_speculation_past_the_window_gives_the_tokens_of_not_speculating(
+def test_speculation_on_sliding_window_caches_gives_the_tokens_of_not_speculating(
     mode: SpeculativeMode, sampling: str, native: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     binding = make_tiny_binding("gemma3_text", seed=1, native=native, sliding_window=WINDOW)
-    base = make_prompt(7, seed=3)
-    prompt = (base * 6)[:40]  # repeats itself (prompt lookup drafts from it), 2.5 windows long
-    params = GenerationParams(max_tokens=60, ignore_eos=True, sampling=SAMPLINGS[sampling])
+    base = make_prompt(3, seed=3)
+    prompt = (base * 3)[:8]  # repeats itself (prompt lookup drafts from it); answers run past the window
+    params = GenerationParams(max_tokens=30, ignore_eos=True, sampling=SAMPLINGS[sampling])
     plain = Generation(binding, prompt, params).run()
-    wrapped_rounds: list[int] = []
-    begin = RotatingKVCache.begin_round
+    rounds: list[tuple[int, int]] = []  # (a sliding window's tokens before the round, positions)
+    begin = Round.__init__
 
-    def recorded(cache: RotatingKVCache, rows: int) -> None:
-        if cache.offset >= WINDOW:
-            wrapped_rounds.append(rows)
-        begin(cache, rows)
+    def recorded(self: Round, caches: list[Any], fed: int, replay: bool = False) -> None:
+        rounds.extend((c.offset, fed) for c in caches[:1] if isinstance(c, RotatingKVCache))
+        begin(self, caches, fed, replay)
 
-    monkeypatch.setattr(RotatingKVCache, "begin_round", recorded)
+    monkeypatch.setattr(Round, "__init__", recorded)
     draft = layer_skip_draft(binding, 2) if mode == "draft" else None
     spec = SpeculativeParams(mode=mode, num_draft_tokens=5, adaptive=False)
     fast = Generation(binding, prompt, replace(params, speculative=spec), draft=draft).run()
     assert fast.token_ids == plain.token_ids
     assert fast.accepted_tokens > 0 if mode == "draft" else fast.draft_tokens > 0  # random weights copy little
-    assert wrapped_rounds and max(wrapped_rounds) > 1  # rounds of several positions ran with the rings wrapped
+    assert max(fed for offset, fed in rounds if offset >= WINDOW) > 1  # rounds ran over full rings
+    assert all(offset + fed < WINDOW for offset, fed in rounds if offset < WINDOW)  # none ran from room to past it
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["mlx", "native"])
+@pytest.mark.parametrize(("prompt_tokens", "rows"), [(2, 9), (5, 4), (9, 5), (300, 7)])
+def test_a_compiled_round_gives_each_position_the_logits_of_single_compiled_steps(native: bool, prompt_tokens: int,
+                                                                                  rows: int) -> None:
+    window = 512 if prompt_tokens > WINDOW else WINDOW  # 300: the buffer grows (256-token steps) inside the round
+    binding = make_tiny_binding("gemma3_text", seed=1, native=native, sliding_window=window)
+    assert binding.compiles_positions
+    caches = binding.make_cache()
+    binding.prefill(make_prompt(prompt_tokens, seed=2), caches)
+    binding.decode_compiled(mx.array([3]), caches)
+    assert round_fits(caches, rows, binding.kv_scheme) == rows
+    alone = [c.clone() for c in caches]
+    fed = make_prompt(rows, seed=5)
+    Round(caches, rows)
+    together = binding.decode_compiled(mx.array(fed), caches)
+    assert together is not None
+    for i, token in enumerate(fed):
+        single = binding.decode_compiled(mx.array([token]), alone)
+        assert single is not None and mx.array_equal(together[i], single[0]).item()
+    for cache, reference in zip(caches, alone):
+        assert cache.offset == reference.offset
+        if isinstance(cache, PlainKVCache | RotatingKVCache) and isinstance(reference, PlainKVCache | RotatingKVCache):
+            assert cache.keys is not None and reference.keys is not None
+            n = cache.offset
+            assert mx.array_equal(cache.keys[..., :n, :], reference.keys[..., :n, :]).item()
+
+
+def test_rounds_on_sliding_window_caches_run_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    binding = make_tiny_binding("gemma3_text", seed=1, native=True, sliding_window=WINDOW)  # rings full from the prompt on
+    prompt = (make_prompt(7, seed=3) * 6)[:40]
+    params = GenerationParams(max_tokens=60, ignore_eos=True)
+    plain = Generation(binding, prompt, params).run()
+    graph_rounds: list[int] = []
+    positions = binding.decode_positions
+
+    def counted(tokens: mx.array, caches: list[Any]) -> mx.array:
+        graph_rounds.append(tokens.size)
+        return positions(tokens, caches)
+
+    monkeypatch.setattr(binding, "decode_positions", counted)
+    spec = SpeculativeParams(mode="prompt_lookup", num_draft_tokens=5, adaptive=False)
+    fast = Generation(binding, prompt, replace(params, speculative=spec)).run()
+    assert fast.token_ids == plain.token_ids and fast.draft_tokens > 0
+    assert graph_rounds == []
 
 
 def test_a_sliding_window_draft_model_goes_on_from_before_its_drafts_past_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -119,10 +159,24 @@ def test_a_sliding_window_draft_model_goes_on_from_before_its_drafts_past_the_wi
     assert fed == [len(prompt) - 1]  # the history read once: each round's rejected drafts dropped, not the history re-read
 
 
-def test_a_round_as_long_as_the_ring_is_the_most_a_rotating_cache_verifies() -> None:
-    cache = filled(8, 2, [12])
-    with pytest.raises(ValueError, match="a round of 7 positions does not fit a 8-token window keeping 2"):
-        cache.begin_round(7)
-    cache.begin_round(6)
-    any_cache: Any = cache
-    assert any_cache._round is not None
+def test_where_the_full_ring_probe_fails_rounds_stop_at_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlxkv_inference import binding_probes
+
+    monkeypatch.setattr(binding_probes, "full_rings_agree", lambda binding: False)
+    binding = make_tiny_binding("gemma3_text", seed=1, sliding_window=WINDOW)
+    assert binding.verifies_positions() and not binding.verifies_full_rings
+    prompt = (make_prompt(3, seed=3) * 3)[:8]
+    params = GenerationParams(max_tokens=30, ignore_eos=True)
+    plain = Generation(binding, prompt, params).run()
+    rounds: list[tuple[int, int]] = []
+    begin = Round.__init__
+
+    def recorded(self: Round, caches: list[Any], fed: int, replay: bool = False) -> None:
+        rounds.extend((c.offset, fed) for c in caches[:1] if isinstance(c, RotatingKVCache))
+        begin(self, caches, fed, replay)
+
+    monkeypatch.setattr(Round, "__init__", recorded)
+    spec = SpeculativeParams(mode="prompt_lookup", num_draft_tokens=5, adaptive=False)
+    fast = Generation(binding, prompt, replace(params, speculative=spec)).run()
+    assert fast.token_ids == plain.token_ids and fast.draft_tokens > 0
+    assert all(offset + fed < WINDOW for offset, fed in rounds)

@@ -19,6 +19,8 @@ from mlxkv_inference.cache.compiled import CompiledDecoder
 from mlxkv_inference.cache.factory import LayerCache, make_caches, maybe_quantize
 from mlxkv_inference.cache.kv import PlainKVCache
 from mlxkv_inference.cache.recurrent import RecurrentCache
+from mlxkv_inference.cache.ring_rounds import row_attention
+from mlxkv_inference.cache.rotating import RotatingKVCache
 from mlxkv_inference.kv_scheme import KvScheme
 from mlxkv_inference.native import batched
 from mlxkv_inference.native.graphs import can_batch
@@ -81,6 +83,9 @@ class MlxAutoregressiveBinding:
         cpu_kernels: CpuKernels = "mlx",
     ) -> None:
         native = install(model, config, cpu_kernels)
+        # a full ring's round attends one ring per row (cache/ring_rounds.py); probed before use
+        rings = any(isinstance(c, RotatingKVCache) for c in make_caches(model))
+        self._full_rings: bool | None = None if rings and _mlx_lm.wrap_attention(model, row_attention) else False
         self.model = model
         self.cpu_kernels: CpuKernels = cpu_kernels
         self.tokenizer = tokenizer
@@ -187,8 +192,8 @@ class MlxAutoregressiveBinding:
 
     def decode_compiled(self, tokens: mx.array, caches: list[LayerCache]) -> mx.array | None:
         """(L, vocab) logits of the compiled step over the L 1-D `tokens`; None when the caches
-        cannot run it (empty, or several positions where `compiles_positions` is False or the
-        caches are not all plain)."""
+        cannot run it (empty, or several positions where `compiles_positions` is False or a
+        cache cannot take them: a quantized or recurrent one, a sliding window outside a round)."""
         if (tokens.size > 1 and not self.compiles_positions) or self.adapters.adapted(caches):
             return None  # the compiled traces are the base model's
         logits = self._compiled.step(tokens, caches)
@@ -215,16 +220,25 @@ class MlxAutoregressiveBinding:
             if not self._positions_exact:
                 log.warning("a multi-token forward of this model differs from single steps: speculation stays off, "
                             "prompts prefill in whole chunks")
-            elif self._replays and not probes.replay_agrees(self):
+            elif self._full_rings is None:
+                self._full_rings = probes.safely(probes.full_rings_agree, self)
+                if not self._full_rings:
+                    log.warning("a round over full sliding-window rings differs from single steps: rounds stop at the window")
+            if self._positions_exact and self._replays and not probes.replay_agrees(self):
                 log.warning("replaying kept positions through the recurrent layers alone differs from feeding them "
                             "through the model: rolled-back rounds feed the model again")
                 self._replays = False
         return self._positions_exact
 
     @property
+    def verifies_full_rings(self) -> bool:
+        """Whether speculative rounds may run over full sliding-window rings (`round_fits`)."""
+        return self.verifies_positions() and bool(self._full_rings)
+
+    @property
     def compiles_positions(self) -> bool:
-        """Whether a round's positions may run through the compiled step (plain caches only),
-        probed bitwise against single compiled steps on first use (`--no-compiled-decode` never
+        """Whether a round's positions may run through the compiled step (plain and sliding-window
+        caches), probed bitwise against single compiled steps on first use (`--no-compiled-decode` never
         traces it)."""
         if self._compiled_positions is None:
             self._compiled_positions = self._settle_compiled_rounds()
@@ -240,10 +254,10 @@ class MlxAutoregressiveBinding:
             self.can_decode_batch([self.make_cache()], rows)
 
     def _settle_compiled_rounds(self) -> bool:
-        """Probe the compiled rounds; where they run (plain caches), time the step sizes through
+        """Probe the compiled rounds; where they run (plain and sliding-window caches), time the step sizes through
         them, as the rounds will run."""
         exact = self.verifies_positions() and probes.compiled_positions_agree(self)
-        if exact and all(isinstance(c, PlainKVCache) for c in self.make_cache()):
+        if exact and all(isinstance(c, PlainKVCache | RotatingKVCache) for c in self.make_cache()):
             scratch = CompiledDecoder(self.model)
             probes.calibrate_step_costs(self, lambda tokens, caches: scratch.step(tokens, caches))
         elif not exact and self._positions_exact:

@@ -14,6 +14,7 @@ import mlx.core as mx
 from mlxkv_inference.cache.compiled import CompiledDecoder
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.recurrent import RecurrentCache
+from mlxkv_inference.cache.rotating import RotatingKVCache
 from mlxkv_inference.cache.rounds import Round, round_fits
 
 if TYPE_CHECKING:
@@ -86,6 +87,47 @@ def compiled_positions_agree(binding: MlxAutoregressiveBinding) -> bool:
         log.info("the compiled step over several positions does not run here (%s: %s)", type(e).__name__, e)
         return False
     return all(single is not None and bool(mx.array_equal(together[i], single[0]).item()) for i, single in enumerate(singles))
+
+
+def safely(probe: Callable[[MlxAutoregressiveBinding], bool], binding: MlxAutoregressiveBinding) -> bool:
+    """`probe`'s answer; False where it cannot run (a probe that cannot run proves nothing)."""
+    try:
+        return probe(binding)
+    except Exception as e:  # noqa: BLE001 - stay safe: the shortcut stays off
+        log.warning("the %s probe failed (%s: %s)", probe.__name__, type(e).__name__, e)
+        return False
+
+
+def full_rings_agree(binding: MlxAutoregressiveBinding) -> bool:
+    """Whether a round over full sliding-window rings (`cache/ring_rounds.py`) gives each
+    position's logits bitwise as single steps do, and keeps the rings as they write them, on
+    scratch caches filled past the window (true where the model has no sliding window)."""
+    caches = binding.make_cache()
+    rings = [c for c in caches if isinstance(c, RotatingKVCache)]
+    if not rings:
+        return True
+    window = max(c.max_size for c in rings)
+    rows = min(PROBED_POSITIONS, min(c.max_size - c.keep for c in rings))
+    tokens = [int(t) for t in mx.random.randint(0, binding.tokenizer.vocab_size, (window + 2 + rows,), key=mx.random.key(11))]
+    binding.prefill(tokens[: window + 2], caches)
+    fed = tokens[window + 2 :]
+    alone = [c.clone() for c in caches]
+    single = [binding.forward(mx.array([[t]]), alone)[0, -1] for t in fed]
+    scratch = CompiledDecoder(binding.model)
+    for compiled in (False, True):  # the graph, and the compiled step (where it takes the round)
+        trial = [c.clone() for c in caches]
+        kept = Round(trial, rows)
+        together = scratch.step(mx.array(fed), trial) if compiled else binding.forward(mx.array(fed)[None], trial)[0]
+        if together is None:
+            kept.keep(1, fed, binding.feed)
+            continue
+        kept.keep(rows, fed, binding.feed)
+        if not all(bool(mx.array_equal(together[i], single[i]).item()) for i in range(rows)):
+            return False
+        if not all(bool(mx.array_equal(a.keys, b.keys).item()) for a, b in zip(trial, alone)
+                   if isinstance(a, RotatingKVCache) and isinstance(b, RotatingKVCache) and a.keys is not None and b.keys is not None):
+            return False
+    return True
 
 
 def replay_agrees(binding: MlxAutoregressiveBinding) -> bool:

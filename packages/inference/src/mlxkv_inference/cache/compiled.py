@@ -1,4 +1,4 @@
-"""The compiled decode step: one token, or a speculative round's positions on plain caches.
+"""The compiled decode step: one token, or a speculative round's positions (plain and sliding-window caches).
 
 One `mx.compile`d function runs embed -> layers -> norm -> logits with every layer's cache
 replaced by a stand-in (`cache/stand_ins.py`). Buffers, RoPE offsets and ring write positions are inputs, so the

@@ -1,108 +1,89 @@
-"""Where a speculative round's keys go in a sliding-window (rotating) cache, so each of its
-positions attends exactly what a single decode step there would.
+"""Speculative rounds over a full sliding-window ring, bitwise single steps.
 
-A single step at position p writes its key into the ring and attends the whole buffer: the last
-`window` positions, in the ring's order. A round feeds p0..p(k-1) in one forward, but once the ring
-has wrapped, p_i's cell still holds p_i - window, which every earlier position of the round must
-see. So the round attends a buffer with room for both: each new key just before the cell it will
-overwrite, and a mask per position that keeps exactly the keys its single step would see.
+A single step at position p writes its key into the ring cell of p - window and attends the whole
+ring, cell by cell. A round feeds p0..p(k-1) in one forward, but each p_i needs a ring in which
+only the cells of p0..p_i were overwritten: the cells of later positions still hold the keys
+they evict. Laying both versions of a cell out side by side would move keys to other buffer
+positions than a single step reads them at, and the fixed-order reductions (16 lanes by buffer
+position, `csrc/blas_shim.cpp`) would then round differently. So each position gets its own copy
+of the ring, as its single step would see it, and attention runs as a batch of one-query rows
+(`row_attention`): every row is computed exactly as its single step is. Keys need no copy: each row's
+scores are picked from scores against the ring and the new keys together.
 
     ring (window 4) before a round of 10, 11, 12:   [ 8  9  6  7 ]    next cell: 2
-    single steps there attend                      [ 8  9 10  7 ], [ 8  9 10 11 ], [12  9 10 11 ]
-    the round attends                              [ 8 12  9 10  7 11 ]
-      position 10 sees                             [ 8  .  9 10  7  . ]
-      position 11 sees                             [ 8  .  9 10  . 11 ]
-      position 12 sees                             [ . 12  9 10  . 11 ]
+    the round's rows attend                         [ 8  9 10  7 ], [ 8  9 10 11 ], [12  9 10 11 ]
 
-The keys each position sees are in the order its single step sees them; masked keys add exact
-zeros wherever they sit (what the multi-position probe checks), so the logits are bitwise those
-of the single steps. The cache keeps none of this layout: `RotatingKVCache.end_round` writes the
-kept keys as single steps do.
+The cache keeps none of this: `RotatingKVCache.end_round` writes the kept keys as single steps do.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 from functools import lru_cache
+from typing import Any
 
-__all__ = ["RingState", "RoundLayout", "round_layout"]
+import mlx.core as mx
 
-EMPTY = -1  # a buffer cell no token was written to (spare capacity before the ring fills)
-
-
-@dataclass(frozen=True, slots=True)
-class RingState:
-    """What decides a rotating cache's buffer layout (not its values)."""
-
-    length: int  # buffer positions
-    offset: int  # tokens seen
-    index: int  # the next write (mlx-lm's `_idx`)
-    keep: int
-    max_size: int
-    step: int  # growth of the buffer before the ring fills
+__all__ = ["round_cells", "row_gather", "row_attention"]
 
 
-@dataclass(frozen=True, slots=True)
-class RoundLayout:
-    """`gather`: for each position of the round's buffer, an index into the cache's buffer
-    followed by the round's new keys; `visible[j]`: which of them position j attends."""
-
-    gather: tuple[int, ...]
-    visible: tuple[tuple[bool, ...], ...]
-
-
-@lru_cache(maxsize=64)
-def round_layout(state: RingState, rows: int) -> RoundLayout:
-    """The round buffer for feeding `rows` positions into a cache in `state` (every rotating cache
-    of a model shares one state, so the layout is worked out once per round)."""
-    cells = _positions(state)
-    source = {p: i for i, p in enumerate(cells) if p != EMPTY}
-    views = _single_step_views(state, cells, rows)
-    union = list(views[0])
-    for j in range(1, rows):
-        new, view = state.offset + j, views[j]
-        at = view.index(new)
-        if at + 1 < len(view):
-            union.insert(union.index(view[at + 1]), new)  # just before the key it follows in the ring
-        else:
-            union.append(new)
-    gather = tuple(source[p] if p < state.offset else state.length + p - state.offset for p in union)
-    seen = [set(view) for view in views]
-    return RoundLayout(gather, tuple(tuple(p in s for p in union) for s in seen))
-
-
-def _positions(state: RingState) -> list[int]:
-    """The token position each buffer cell holds (`RotatingKVCache._temporal_order`'s order,
-    read backwards from the newest token)."""
-    cells = [EMPTY] * state.length
-    n, idx, keep = state.length, state.index, state.keep
-    if idx == n:
-        order = list(range(n))
-    elif idx < state.offset:
-        order = list(range(keep)) + list(range(idx, n)) + list(range(keep, idx))
-    else:
-        order = list(range(idx))
-    for rank, cell in enumerate(order):
-        cells[cell] = rank if rank < keep else state.offset - (len(order) - rank)
+def round_cells(index: int, keep: int, max_size: int, rows: int) -> list[int]:
+    """The ring cells single steps from write index `index` write `rows` positions into."""
+    cells, cell = [], index
+    for _ in range(rows):
+        if cell >= max_size:
+            cell = keep
+        cells.append(cell)
+        cell += 1
     return cells
 
 
-def _single_step_views(state: RingState, cells: list[int], rows: int) -> list[list[int]]:
-    """The keys (positions, in buffer order) single steps at offset, offset + 1, ... attend:
-    `RotatingKVCache._update_in_place` on positions instead of values."""
-    cells, offset, idx = list(cells), state.offset, state.index
-    views = []
-    for _ in range(rows):
-        if offset >= len(cells) and len(cells) < state.max_size:
-            cells += [EMPTY] * min(state.step, state.max_size - offset)
-            idx = offset
-        trim = len(cells) - state.max_size
-        if trim > 0:
-            cells = cells[: state.keep] + cells[trim + state.keep :]
-            idx = state.max_size
-        if idx == state.max_size:
-            idx = state.keep
-        cells[idx] = offset
-        offset, idx = offset + 1, idx + 1
-        views.append(cells[:offset] if offset < len(cells) else list(cells))
-    return views
+@lru_cache(maxsize=256)
+def _gather(cells: tuple[int, ...], length: int) -> mx.array:
+    rows: list[list[int]] = []
+    for j in range(len(cells)):
+        row = list(range(length))
+        for i in range(j + 1):
+            row[cells[i]] = length + i  # the round's i-th new key, after the ring's cells
+        rows.append(row)
+    return mx.array(rows, dtype=mx.int32)
+
+
+def row_gather(cells: list[int], length: int) -> mx.array:
+    """(rows, length) indices into [ring cells, the round's new keys]: each row's ring."""
+    return _gather(tuple(cells), length)
+
+
+Attention = Callable[..., mx.array]
+
+
+def row_attention(original: Attention) -> Attention:
+    """mlx-lm's `scaled_dot_product_attention`, where a full ring's round (the cache's
+    `rows_round`) attends one ring per row; any other call goes to `original` unchanged."""
+
+    def attention(queries: mx.array, keys: mx.array, values: mx.array, cache: Any, scale: float,
+                  mask: Any, sinks: Any = None) -> mx.array:
+        if getattr(cache, "rows_round", False):
+            if sinks is not None:  # the binding's probe then finds full-ring rounds off
+                raise ValueError("a round over a full ring does not take attention sinks")
+            return _rows(queries, keys, values, cache.round_gather, scale)
+        return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+    attention.row_rounds = True  # type: ignore[attr-defined]  # marks a module already patched
+    return attention
+
+
+def _rows(queries: mx.array, keys: mx.array, values: mx.array, gather: mx.array, scale: float) -> mx.array:
+    """MLX's attention (its CPU path, op for op) for each row j of `queries` (1, heads, rows, dim)
+    over its own ring: `keys` (1, kv heads, window + rows, dim) are the ring's and then the round's
+    new ones, and `gather` (rows, window) picks each row's from them; `values` (rows, kv heads,
+    window, dim) are each row's ring already. A score is one dot product, so scoring every row
+    against all keys and picking gives each row its single step's scores."""
+    _, heads, rows, dim = queries.shape
+    kv_heads = keys.shape[1]
+    q = (queries * scale).reshape(1, kv_heads, heads // kv_heads, rows, dim)
+    scores = q @ mx.expand_dims(keys, 2).swapaxes(-1, -2)  # (1, kv, rep, rows, window + rows)
+    scores = mx.take_along_axis(scores, gather.reshape(1, 1, 1, rows, -1), axis=-1)
+    weights = mx.softmax(scores, axis=-1, precise=True).transpose(3, 1, 2, 0, 4)  # (rows, kv, rep, 1, window)
+    out = weights @ mx.expand_dims(values, 2)  # (rows, kv, rep, 1, dim)
+    return out.transpose(3, 1, 2, 0, 4).reshape(1, heads, rows, dim)

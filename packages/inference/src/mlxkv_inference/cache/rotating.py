@@ -1,5 +1,5 @@
 """A sliding-window KV cache (mlx-lm's `RotatingKVCache` arithmetic, bit for bit), with the
-`CompiledDecodeCache` contract and speculative rounds over its ring."""
+`CompiledDecodeCache` contract."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import mlx.core as mx
 
 from mlxkv_inference.cache.contract import CacheTrimError, DecodePhase, DecodePlan
 from mlxkv_inference.cache.kv import STEP, DenseBuffers, buffer_view, check_trim, mlx_causal, owned_prefix
-from mlxkv_inference.cache.ring_rounds import RingState, round_layout
-from mlxkv_inference.cache.stand_ins import KvStandIn
+from mlxkv_inference.cache.ring_rounds import round_cells, row_gather
+from mlxkv_inference.cache.stand_ins import KvStandIn, RingRowsStandIn
 
 
 class RotatingKVCache(DenseBuffers):
@@ -19,9 +19,11 @@ class RotatingKVCache(DenseBuffers):
     Phase "concat" until the window fills, then "ring": each token overwrites the oldest. Once
     wrapped, evicted tokens are gone, so the cache is no longer trimmable, except
     `trim(n, bypass=True)` right after a multi-token write, which shrinks the buffer tail.
-    A speculative round (`begin_round` .. `end_round`) is verified against a buffer holding both
-    the ring and its new keys (`cache/ring_rounds.py`) and keeps its first n positions as single
-    steps would have written them, wrapped or not.
+    A speculative round while the ring has room writes its positions as a prompt chunk does
+    (compiled, as a plain cache's round) and drops the rejected ones by trimming; over a full ring
+    (`begin_round` .. `end_round`) each position attends its own copy of the ring as its single
+    step would see it (`cache/ring_rounds.py`), and the kept positions are written as single steps
+    write them. A round never starts before the ring is full and ends past it (`round_fits`).
     """
 
     step = STEP
@@ -37,11 +39,12 @@ class RotatingKVCache(DenseBuffers):
         self._idx = 0
         self._after_multi_write = False
         self._round: tuple[int, int, tuple[mx.array, mx.array] | None] | None = None  # (rows, offset, new keys/values)
+        self.round_gather = mx.array(0)  # an open full-ring round's (rows, window) picks (`ring_rounds.row_gather`)
 
     # -- mlx-lm cache interface -------------------------------------------------------------
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        if self._round is not None and self._round[0] == keys.shape[2] and self.keys is not None:
-            return self._round_fetch(keys, values)
+        if self._round is not None and self._round[0] == keys.shape[2]:
+            return self._rows_fetch(keys, values)
         if keys.shape[2] == 1:
             self._after_multi_write = False
             return self._update_in_place(keys, values)
@@ -49,10 +52,10 @@ class RotatingKVCache(DenseBuffers):
         return self._update_concat(keys, values)
 
     def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False) -> Any:
-        if self._round is not None and self._round[0] == n and self.keys is not None:
+        if self._round is not None and self._round[0] == n:
             if window_size is not None and window_size < self.max_size:
-                raise ValueError(f"a round's layout assumes the window is the ring ({self.max_size}), not {window_size}")
-            return mx.array(round_layout(self._ring_state(), n).visible)
+                raise ValueError(f"a round's rows attend the whole ring ({self.max_size}), not a window of {window_size}")
+            return None  # each row attends its whole ring, as a single step there does
         if n > 1:
             window = window_size or self.max_size
             offset = min(self.max_size - 1, self.offset)
@@ -120,23 +123,43 @@ class RotatingKVCache(DenseBuffers):
         return "ring" if self.offset >= self.max_size else "concat"
 
     def prepare_decode_step(self, rows: int = 1) -> DecodePlan | None:
-        if self.keys is None or self.values is None or rows != 1:
+        if self.keys is None or self.values is None:
             return None
+        if rows > 1 and self._round is not None:  # a full ring's round
+            if self._round[0] != rows or self._round[2] is not None:
+                return None
+            self._prepare_in_place(self.keys, self.values)
+            assert self.keys is not None
+            return DecodePlan("ring", self.keys.shape[2], self._idx, self.offset, rows)
+        if rows > 1:  # a round (`round_fits`): before the ring fills, the buffer in position order
+            if self._idx != self.offset or self.offset + rows >= self.max_size:
+                return None
+            self._make_room(rows)
+            return DecodePlan("concat", self.keys.shape[2], self._idx, self.offset, rows)
         self._prepare_in_place(self.keys, self.values)
         assert self.keys is not None
         return DecodePlan(self.decode_phase(), self.keys.shape[2], self._idx, self.offset)
 
-    def decode_stand_in(self, plan: DecodePlan) -> KvStandIn:
-        return KvStandIn(plan)
+    def decode_stand_in(self, plan: DecodePlan) -> KvStandIn | RingRowsStandIn:
+        return RingRowsStandIn(self.max_size, plan.rows) if plan.phase == "ring" and plan.rows > 1 else KvStandIn(plan)
 
     def decode_inputs(self, plan: DecodePlan) -> list[mx.array]:
         assert self.keys is not None and self.values is not None
-        return [self.keys, self.values, mx.array(plan.offset, dtype=mx.int32), mx.array(plan.write_index, dtype=mx.int32)]
+        offset = mx.array(plan.offset, dtype=mx.int32)
+        if plan.phase == "ring" and plan.rows > 1:
+            gather = row_gather(round_cells(plan.write_index, self.keep, self.max_size, plan.rows), plan.capacity)
+            return [self.keys, self.values, offset, gather]
+        return [self.keys, self.values, offset, mx.array(plan.write_index, dtype=mx.int32)]
 
     def commit_decode_step(self, plan: DecodePlan, outputs: list[mx.array]) -> None:
+        if plan.phase == "ring" and plan.rows > 1:  # the ring stays as it was until `end_round`
+            assert self._round is not None
+            self._round = (plan.rows, plan.offset, (outputs[0], outputs[1]))
+            self.offset = plan.offset + plan.rows
+            return
         self.keys, self.values = outputs
-        self.offset = plan.offset + 1
-        self._idx = plan.write_index + 1
+        self.offset = plan.offset + plan.rows
+        self._idx = plan.write_index + plan.rows
         self._after_multi_write = False
 
     def dispose(self) -> None:
@@ -154,41 +177,6 @@ class RotatingKVCache(DenseBuffers):
         buffers owned by this cache alone."""
         n = self.offset if self.keys is None else min(self.keys.shape[2], self.offset)
         self.keys, self.values = owned_prefix(self.keys, n), owned_prefix(self.values, n)
-
-    # -- speculative rounds --------------------------------------------------------------
-    def begin_round(self, rows: int) -> None:
-        """The next `rows`-token write is a round's (see the class): `end_round` follows it."""
-        if not 1 <= rows <= self.max_size - self.keep:
-            raise ValueError(f"a round of {rows} positions does not fit a {self.max_size}-token window keeping {self.keep}")
-        self._round = (rows, self.offset, None)
-
-    def end_round(self, kept: int) -> None:
-        """Keep the round's first `kept` positions, written as single steps write them."""
-        if self._round is None:
-            return
-        rows, start, new = self._round
-        self._round = None
-        if new is None:  # no write, or an ordinary one (into an empty cache): trim it as before
-            self.trim(max(self.offset - start - kept, 0))
-            return
-        self.offset = start
-        for i in range(min(kept, rows)):
-            self._update_in_place(new[0][..., i : i + 1, :], new[1][..., i : i + 1, :])
-        self._after_multi_write = False
-
-    def _round_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        assert self._round is not None and self.keys is not None and self.values is not None
-        rows, start, _ = self._round
-        gather = mx.array(round_layout(self._ring_state(), rows).gather)
-        fetched = (mx.take(mx.concatenate([self.keys, keys], axis=2), gather, axis=2),
-                   mx.take(mx.concatenate([self.values, values], axis=2), gather, axis=2))
-        self._round = (rows, start, (keys, values))
-        self.offset = start + rows
-        return fetched
-
-    def _ring_state(self) -> RingState:
-        assert self.keys is not None
-        return RingState(self.keys.shape[2], self.offset, self._idx, self.keep, self.max_size, self.step)
 
     # -- helpers (mlx-lm's RotatingKVCache arithmetic) --------------------------------------
     def _trim_front(self, trim_size: int, v: mx.array, append: mx.array | None = None) -> mx.array:
@@ -217,6 +205,61 @@ class RotatingKVCache(DenseBuffers):
         self.offset += keys.shape[2]
         self._idx = self.keys.shape[2]
         return self.keys, self.values
+
+    # -- rounds over a full ring ---------------------------------------------------------
+    @property
+    def rows_round(self) -> bool:
+        """Whether the next write is a round over the full ring (one ring per row: see the class)."""
+        return self._round is not None
+
+    def begin_round(self, rows: int) -> None:
+        """The next `rows`-token write is a round's: `end_round` follows it. A no-op before the
+        ring is full (the round is then an ordinary write, trimmed after)."""
+        if self.offset < self.max_size or self.keys is None:
+            return
+        if not 1 <= rows <= self.max_size - self.keep:
+            raise ValueError(f"a round of {rows} positions does not fit a {self.max_size}-token window keeping {self.keep}")
+        self._round = (rows, self.offset, None)
+
+    def end_round(self, kept: int) -> bool:
+        """Keep a full ring's round's first `kept` positions, written as single steps write them;
+        False where no such round was open (the caller trims)."""
+        if self._round is None:
+            return False
+        rows, start, new = self._round
+        self._round = None
+        self.offset = start
+        if new is not None:
+            for i in range(min(kept, rows)):
+                self._update_in_place(new[0][..., i : i + 1, :], new[1][..., i : i + 1, :])
+        self._after_multi_write = False
+        return True
+
+    def _rows_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """The ring's keys followed by the round's, and each row's ring of values as its single
+        step sees it ((rows, kv heads, window, dim)): what `ring_rounds.row_attention` attends."""
+        assert self._round is not None and self.keys is not None and self.values is not None
+        rows, start, _ = self._round
+        self._prepare_in_place(keys, values)  # what the first single step would do to the buffer first
+        assert self.keys is not None and self.values is not None
+        b, heads, length, dim = self.values.shape
+        if b != 1:
+            raise ValueError(f"a round over a full ring feeds one sequence, not a batch of {b}")
+        self.round_gather = row_gather(round_cells(self._idx, self.keep, self.max_size, rows), length)
+        taken = mx.take(mx.concatenate([self.values, values], axis=2), self.round_gather.reshape(-1), axis=2)
+        self._round = (rows, start, (keys, values))
+        self.offset = start + rows
+        return mx.concatenate([self.keys, keys], axis=2), taken.reshape(heads, rows, length, dim).transpose(1, 0, 2, 3)
+
+    def _make_room(self, rows: int) -> None:
+        """Grow the buffer (by `step`s, up to the window) until `rows` more positions fit at the offset."""
+        assert self.keys is not None and self.values is not None
+        missing = self.offset + rows - self.keys.shape[2]
+        if missing > 0:
+            grow = min(max(self.step, missing), self.max_size - self.keys.shape[2])
+            b, heads, _, k_dim = self.keys.shape
+            self.keys = mx.concatenate([self.keys, mx.zeros((b, heads, grow, k_dim), self.keys.dtype)], axis=2)
+            self.values = mx.concatenate([self.values, mx.zeros((b, heads, grow, self.values.shape[3]), self.values.dtype)], axis=2)
 
     def _prepare_in_place(self, keys: mx.array, values: mx.array) -> None:
         prev = self.offset

@@ -4,8 +4,8 @@ exactly the first n of them afterwards (trimmed, or rolled back and fed again).
 Used by speculative rounds (`speculative/`) and by the binding's probes that check a
 multi-position forward is bitwise single steps; it lives with the caches so both can use it.
 
-Rolling back: KV caches drop the rejected positions by trimming (a rotating cache writes the kept
-ones as single steps would: `RotatingKVCache.end_round`); recurrent caches go back to
+Rolling back: KV caches drop the rejected positions by trimming (a full sliding-window ring writes
+the kept ones as single steps would: `RotatingKVCache.end_round`); recurrent caches go back to
 their pre-round state and the kept positions are fed again: through each recurrent layer alone,
 from the inputs it recorded on the round's forward (`cache/recurrent_replay.py`, where the binding
 probed it exact), else through the whole model in one forward (exact for the same reason).
@@ -27,28 +27,21 @@ from mlxkv_inference.kv_scheme import KvScheme
 Refeed = Callable[[list[int], list[LayerCache]], int]
 
 
-def round_fits(caches: Sequence[LayerCache], positions: int, kv_scheme: KvScheme) -> int:
-    """The most positions (<= `positions`) one forward may verify from the caches' state and
-    still see what single steps would, and roll back by trimming: a sliding window must not
-    fill (its ring would wrap and its window mask apply), and a plain cache must stay below the
-    KV scheme's quantization start (single steps would attend the positions past it quantized)."""
+def round_fits(caches: Sequence[LayerCache], positions: int, kv_scheme: KvScheme, full_rings: bool = False) -> int:
+    """The most positions (<= `positions`) one forward may verify from the caches' state, give
+    each position's logits bitwise as single steps would, and roll back: a sliding window that
+    has room must not fill (a round is written as a prompt chunk and trimmed), one that is full
+    takes a round of at most its ring (one ring per row, `cache/ring_rounds.py`) where
+    `full_rings` (the binding probed that exact), else none; and a plain cache must stay below
+    the KV scheme's quantization start (single steps would attend the positions past it quantized)."""
     fits = positions
     for cache in caches:
         if isinstance(cache, RotatingKVCache):
-            fits = min(fits, cache.max_size - cache.offset - 1)
+            full = cache.offset >= cache.max_size
+            fits = min(fits, (cache.max_size - cache.keep if full_rings else 1) if full else cache.max_size - cache.offset - 1)
         elif kv_scheme.bits is not None and not isinstance(cache, (QuantizedKVCache, RecurrentCache)):
             fits = min(fits, kv_scheme.quantized_start - cache.offset - 1)
     return max(fits, 1)
-
-
-def round_positions(caches: Sequence[LayerCache], positions: int, kv_scheme: KvScheme) -> int:
-    """The most positions (<= `positions`) a speculative `Round` may verify: as `round_fits`, but
-    a sliding window never stops it (a round over a rotating cache sees what single steps would,
-    wrapped or not), only its size (a round writes each ring cell at most once)."""
-    rotating = [c for c in caches if isinstance(c, RotatingKVCache)]
-    others = [c for c in caches if not isinstance(c, RotatingKVCache)]
-    fits = round_fits(others, positions, kv_scheme)
-    return max(min([fits, *(c.max_size - c.keep for c in rotating)]), 1)
 
 
 class Round:
@@ -72,9 +65,9 @@ class Round:
         recurrent = [c for c in self._caches if isinstance(c, RecurrentCache)]
         if n == self._fed or all(state.replayable for state in recurrent):  # none, or each recorded its replay
             for cache in self._caches:
-                if isinstance(cache, RotatingKVCache):
-                    cache.end_round(n)
-                elif isinstance(cache, RecurrentCache):
+                if isinstance(cache, RotatingKVCache) and cache.end_round(n):
+                    continue
+                if isinstance(cache, RecurrentCache):
                     if n == self._fed:
                         cache.spec_round_commit()
                     else:
@@ -87,8 +80,8 @@ class Round:
         for layer, start in zip(self._caches, self._offsets):  # back to the round's start, then the kept positions again
             if isinstance(layer, RecurrentCache):
                 layer.spec_round_rollback()
-            elif isinstance(layer, RotatingKVCache):
-                layer.end_round(0)
+            elif isinstance(layer, RotatingKVCache) and layer.end_round(0):
+                pass
             else:
                 layer.trim(layer.offset - start)
         refeed(list(tokens[:n]), self._caches)

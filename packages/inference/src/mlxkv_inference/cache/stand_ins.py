@@ -52,6 +52,41 @@ class KvStandIn:
         return self.keys.shape[2]
 
 
+class RingRowsStandIn:
+    """A full ring's round (`cache/ring_rounds.py`): the ring's keys and the round's new ones, one
+    ring of values per row, and each row's picks (`round_gather`) for `row_attention`; the ring
+    itself is left as it was and the new keys come out for `RotatingKVCache.end_round`."""
+
+    rows_round = True
+    num_outputs = 2
+
+    def __init__(self, window: int, rows: int) -> None:
+        self._window = window
+        self._rows = rows
+        self.keys = mx.array(0)
+        self.values = mx.array(0)
+        self.offset = mx.array(0)
+        self.round_gather = mx.array(0)
+        self._new: list[mx.array] = []
+
+    def bind(self, inputs: list[mx.array]) -> None:
+        self.keys, self.values, self.offset, self.round_gather = inputs
+
+    def outputs(self) -> list[mx.array]:
+        return self._new
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self._new = [keys, values]
+        _, heads, length, dim = self.values.shape
+        taken = mx.take(mx.concatenate([self.values, values], axis=2), self.round_gather.reshape(-1), axis=2)
+        return mx.concatenate([self.keys, keys], axis=2), taken.reshape(heads, self._rows, length, dim).transpose(1, 0, 2, 3)
+
+    def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False) -> Any:
+        if window_size is not None and window_size < self._window:
+            raise CompiledStepUnsupported("a full ring's round attends the whole ring")
+        return None
+
+
 class PlainKvStandIn(KvStandIn):
     """A plain cache's stand-in: never a ring, so its keys are positions 0..write (what the native
     attention kernel needs to know to run inside the compiled step)."""

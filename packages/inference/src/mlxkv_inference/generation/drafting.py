@@ -6,7 +6,7 @@ from __future__ import annotations
 from mlxkv_inference.adapters.files import AdapterStack
 from mlxkv_inference.binding import MlxAutoregressiveBinding
 from mlxkv_inference.cache.factory import LayerCache
-from mlxkv_inference.cache.rounds import round_positions
+from mlxkv_inference.cache.rounds import round_fits
 from mlxkv_inference.generation.checkpoints import CheckpointSchedule
 from mlxkv_inference.generation.sequence import SequenceState
 from mlxkv_inference.speculative.proposers import DraftModel, DraftState, PromptLookup, Proposer, draft_adapters
@@ -18,7 +18,7 @@ class Drafting:
     """Drafts for `sequence`'s steps: none where the model's forward cannot verify them exactly
     (`verifies_positions`), else as many as one forward verifies exactly: within max_tokens, not
     past a checkpoint (one may fall only on a round's last token, when the caches hold exactly
-    the tokens before it), and where `round_positions` allows."""
+    the tokens before it), and where `round_fits` allows."""
 
     def __init__(self, binding: MlxAutoregressiveBinding, sequence: SequenceState, checkpoints: CheckpointSchedule,
                  params: SpeculativeParams, draft: MlxAutoregressiveBinding | None) -> None:
@@ -85,7 +85,7 @@ class Drafting:
         checkpoint = self._checkpoints.next_at(n)
         if checkpoint is not None:
             limit = min(limit, checkpoint - n)
-        return min(limit, round_positions(self._sequence.caches, limit + 1, self._binding.kv_scheme) - 1)
+        return min(limit, round_fits(self._sequence.caches, limit + 1, self._binding.kv_scheme, self._binding.verifies_full_rings) - 1)
 
 
 def make_proposer(params: SpeculativeParams, draft: MlxAutoregressiveBinding | None,
