@@ -121,4 +121,4 @@ def test_clients_add_and_remove_adapters_only_under_the_allowed_directory(
         assert complete(url, "gamma2", None, {}, alpha).json()["choices"][0]["text"] == answer.json()["choices"][0]["text"]
     finally:
         engine.adapters.allowed_dirs = ()
-        engine.remove_adapter("gamma2")
+        engine.adapters.remove("gamma2")
