@@ -16,6 +16,7 @@ from mlxkv.engine.local_engine import LocalEngine
 from mlxkv.engine.memory import MemoryBudget
 from mlxkv.engine.models import BoundAdapter, LoadedModel, ModelPolicy, ModelRouter, ModelSpec
 from mlxkv_serve import ServeConfig, build_app
+from mlxkv_serve.engine import AdapterManaging
 from tests.adapter_factories import write_random_adapter
 from tests.factories import TINY_VOCAB, make_tiny_binding
 from tests.serving import running
@@ -54,7 +55,7 @@ def test_removing_an_adapter_while_its_model_loads_waits_for_the_load_and_the_mo
     assert deleted.json() == {"id": "b:x", "object": "adapter", "deleted": True}
     assert adapted.status_code == 404 and adapted.json()["error"]["message"] == (
         "no adapter named 'x' is loaded (in 'model'); loaded: none")
-    assert listed == ["a", "b"]
+    assert listed == ["a", "b"] and isinstance(router, AdapterManaging)
     assert waited and answered.status_code == 200
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from mlxkv.cli import build_parser
 from mlxkv.commands.serve import load_engine
 from tests.adapter_factories import write_random_adapter
 from tests.factories import make_tiny_binding
@@ -104,9 +105,10 @@ def error(reply: httpx.Response) -> tuple[int, str | None, str]:
 
 
 def test_an_adapter_a_client_adds_to_a_model_not_loaded_answers_as_on_its_one_model_server_across_reloads(
-        models: dict[str, Path], alone: tuple[str, str]) -> None:
-    root = str(models["sql"].parent)
-    with serving(serve_args(*two_models(models, "--max-models", "1", "--adapter-dir", root))) as (url, _):
+        models: dict[str, Path], alone: tuple[str, str], tmp_path: Path) -> None:
+    args = build_parser().parse_args(["serve", "--ssd-cache", str(tmp_path / "kv"), "--generation-checkpoint", "0",
+                                      *two_models(models, "--max-models", "1", "--adapter-dir", str(models["sql"].parent))])
+    with serving(args) as (url, _):
         before = states(url)
         added = add(url, {"name": "sql", "path": str(models["sql"]), "model": "a"}).json()
         first = answer(complete(url, "a:sql"))
@@ -120,7 +122,9 @@ def test_an_adapter_a_client_adds_to_a_model_not_loaded_answers_as_on_its_one_mo
     assert (added["id"], added["model"], added["name"], added["path"]) == ("a:sql", "a", "sql", str(models["sql"].resolve()))
     assert listed == {"a": "loaded", "a:sql": "loaded", "b": "unloaded"}  # `a` loaded to check the adapter
     assert unloaded == {"a": "unloaded", "a:sql": "unloaded", "b": "loaded"}
-    assert first == again == ("a", alone[0], 0) and base == ("a", alone[1], 0)  # re-applied when `a` loaded again
+    # re-applied when `a` loaded again, its prompt's KV back from the SSD under its namespace (all but
+    # the last of 135 tokens), none of it for the base model
+    assert (first, again, base) == (("a", alone[0], 0), ("a", alone[0], 134), ("a", alone[1], 0))
     assert removed.status_code == 200 and removed.json() == {"id": "a:sql", "object": "adapter", "deleted": True}
     assert error(gone) == (404, "model", "no adapter named 'sql' is loaded (in 'model'); loaded: none")
     assert error(twice) == (404, "name", "no adapter named 'a:sql' is loaded")

@@ -24,7 +24,7 @@ from mlxkv.engine.models.specs import Loader, ModelPolicy, ModelSpec
 
 
 class ModelRouter:
-    """`ServeEngine` and `ModelCatalog` over several models (see the package docstring)."""
+    """`ServeEngine`, `ModelCatalog` and `AdapterManaging` over several models (see the package docstring)."""
 
     def __init__(self, specs: list[ModelSpec], loader: Loader, policy: ModelPolicy, *, budget: MemoryBudget,
                  estimate: Callable[[ModelSpec], int], clock: Callable[[], float] = time.monotonic,
