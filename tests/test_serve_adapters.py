@@ -114,11 +114,14 @@ def test_clients_add_and_remove_adapters_only_under_the_allowed_directory(
         assert post("gamma", gamma).status_code == 400  # the name is taken
         answer = complete(url, "gamma", None, {}, alpha)
         assert answer.status_code == 200
-        assert httpx.delete(f"{url}/v1/adapters/gamma", timeout=30).json()["deleted"] is True
+        assert httpx.delete(f"{url}/v1/adapters/elsewhere:gamma", timeout=30).status_code == 404  # another model's id
+        assert httpx.delete(f"{url}/v1/adapters/tiny-llama:gamma", timeout=30).json() == {
+            "id": "tiny-llama:gamma", "object": "adapter", "deleted": True}  # the id POST answered
         assert complete(url, "tiny-llama:gamma", None, {}, alpha).status_code == 404
         assert httpx.delete(f"{url}/v1/adapters/gamma", timeout=30).status_code == 404
         assert post("gamma2", gamma).status_code == 200  # the same files again: the same digest, its KV
         assert complete(url, "gamma2", None, {}, alpha).json()["choices"][0]["text"] == answer.json()["choices"][0]["text"]
+        assert httpx.delete(f"{url}/v1/adapters/gamma2", timeout=30).json()["id"] == "tiny-llama:gamma2"  # a bare name
     finally:
         engine.adapters.allowed_dirs = ()
-        engine.remove_adapter("gamma2")
+        engine.adapters.remove("gamma2")

@@ -283,13 +283,14 @@ class AdapterServing(Protocol):
 class AdapterManaging(Protocol):
     """An engine whose adapters clients may add and remove (`POST /v1/adapters`, `DELETE /v1/adapters/{name}`)."""
 
-    async def add_adapter(self, name: str, path: str) -> Mapping[str, object]:
-        """Load the adapter at `path` as `name`; raises PermissionError for a path the operator
-        did not allow, ValueError for a bad name or adapter."""
+    async def add_adapter(self, name: str, path: str, model: str | None = None) -> Mapping[str, object]:
+        """Load the adapter at `path` as `name` for `model` (with several models; None: the
+        default one); raises PermissionError for a path the operator did not allow, ValueError for
+        a bad name or adapter, `UnknownModelError` for a model the server does not have."""
         ...
 
-    def remove_adapter(self, name: str) -> bool:
-        """Forget `name`; False when no adapter has it."""
+    async def remove_adapter(self, name: str, model: str | None = None) -> str | None:
+        """Forget `model`'s adapter `name`; the id it was listed under, None when it has no such adapter."""
         ...
 
 

@@ -74,11 +74,16 @@ def check_unbound(options: list[AdapterOption]) -> None:
 def load_adapters(args: argparse.Namespace, registry: AdapterRegistry, options: list[AdapterOption] | None = None) -> None:
     """Load `options` (default: the command line's adapters) into `registry`; an unreadable one,
     or one for another model, raises (`AdapterLoadError`, `AdapterMismatchError`)."""
-    registry.allowed_dirs = tuple(d.expanduser().resolve() for d in getattr(args, "adapter_dir", []))
+    registry.allowed_dirs = allowed_adapter_dirs(args)
     for option in args.adapter if options is None else options:
         named = registry.add(option.name, option.path)
         log.info("adapter %s: %s (%s, rank %d, %d layers; cache namespace %s)", option.name, option.path, named.adapter.kind,
                  named.adapter.rank, len(named.adapter.layers), named.adapter.digest[:8])
+
+
+def allowed_adapter_dirs(args: argparse.Namespace) -> tuple[Path, ...]:
+    """The `--adapter-dir`s (symlinks resolved): clients load adapters from under these only."""
+    return tuple(d.expanduser().resolve() for d in getattr(args, "adapter_dir", []))
 
 
 def _plain_adapter(value: str) -> AdapterOption:

@@ -9,12 +9,12 @@ from pathlib import Path
 from mlxkv_inference import load_binding
 from mlxkv_inference.models.embedded import embedded_model_path
 
-from mlxkv.commands.adapter_options import bind_adapters, load_adapters
+from mlxkv.commands.adapter_options import AdapterOption, allowed_adapter_dirs, bind_adapters, load_adapters
 from mlxkv.commands.options import apply_batch_exactness, cpu_kernels_from, kv_scheme_from
 from mlxkv.engine.cache_services import token_kv_bytes
 from mlxkv.engine.memory import MemoryBudget, default_memory_budget, weights_on_disk
 from mlxkv.engine.model_sources import discover_cached, hub_offline, is_hub_id, parse_model_specs, resolve_source
-from mlxkv.engine.models import LoadedModel, ModelPolicy, ModelRouter, ModelSpec
+from mlxkv.engine.models import BoundAdapter, LoadedModel, ModelPolicy, ModelRouter, ModelSpec
 from mlxkv.engine.models.eviction import CLOSE_TIMEOUT_S
 from mlxkv.paths import parse_size, weights_digest_memo
 
@@ -74,7 +74,7 @@ def build_router(args: argparse.Namespace, specs: list[ModelSpec]) -> ModelRoute
                                       "ssd_cache_max": args.ssd_cache_max // len(specs)})
 
     adapters = bind_adapters(args.adapter, [s.name for s in specs], args.default_model)
-    specs = [replace(s, adapters=tuple(a.name for a in adapters[s.name])) for s in specs]
+    specs = [replace(s, adapters=tuple(BoundAdapter(a.name, a.path) for a in adapters[s.name])) for s in specs]
     # NOTE: read now: loading an mlx-lm directory sets HF_HUB_OFFLINE for mlx-lm's own lookups
     offline = hub_offline()
 
@@ -90,12 +90,14 @@ def build_router(args: argparse.Namespace, specs: list[ModelSpec]) -> ModelRoute
         apply_batch_exactness(args, binding)
         engine = build_engine(per_model, binding)
         try:
-            load_adapters(per_model, engine.adapters, adapters.get(spec.name, []))  # one for another model fails this load
+            # those of the command line and those clients added; one for another model fails this load
+            load_adapters(per_model, engine.adapters, [AdapterOption(a.name, a.path) for a in spec.adapters])
         except Exception:
             engine.close(CLOSE_TIMEOUT_S)
             raise
         return LoadedModel(engine, estimate(spec), token_kv_bytes(binding), engine.context_length,
                            binding.tokenizer.vocab_size, engine.close)
 
-    policy = ModelPolicy(max_models, pinned=tuple(args.pin), default=args.default_model, ttl_s=args.model_ttl)
+    policy = ModelPolicy(max_models, pinned=tuple(args.pin), default=args.default_model, ttl_s=args.model_ttl,
+                         adapter_dirs=allowed_adapter_dirs(args))
     return ModelRouter(specs, load, policy, budget=memory_budget(args), estimate=estimate, discover=discover_cached)

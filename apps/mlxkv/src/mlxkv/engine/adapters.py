@@ -41,6 +41,16 @@ def check_name(name: str) -> str:
     return name
 
 
+def allowed_path(path: str, allowed_dirs: tuple[Path, ...]) -> Path:
+    """`path` with symlinks and `..` resolved; PermissionError where it is under none of `allowed_dirs`."""
+    resolved = Path(path).expanduser().resolve()
+    if not any(resolved.is_relative_to(d) for d in allowed_dirs):
+        where = ", ".join(str(d) for d in allowed_dirs)
+        raise PermissionError(f"adapters load only from under {where}; {path!r} is not" if where else
+                              "this server loads no adapters over HTTP (start it with --adapter-dir DIR)")
+    return resolved
+
+
 class AdapterRegistry:
     """Named adapters checked against one model (`bank`, whose id is `model_id`)."""
 
@@ -58,11 +68,7 @@ class AdapterRegistry:
             PermissionError: no directory is allowed, or `path` (symlinks resolved) is under none.
             ValueError: a bad name, a taken one, unreadable files, an adapter of another model.
         """
-        resolved = Path(path).expanduser().resolve()
-        if not any(resolved.is_relative_to(d) for d in self.allowed_dirs):
-            where = ", ".join(str(d) for d in self.allowed_dirs)
-            raise PermissionError(f"adapters load only from under {where}; {path!r} is not" if where else
-                                  "this server loads no adapters over HTTP (start it with --adapter-dir DIR)")
+        resolved = allowed_path(path, self.allowed_dirs)
         try:
             return self.add(name, resolved)
         except AdapterLoadError as e:

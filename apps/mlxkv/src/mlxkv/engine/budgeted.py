@@ -82,13 +82,13 @@ class BudgetedEngine:
     def adapter_names(self) -> Sequence[str]:
         return self.engine.adapter_names() if isinstance(self.engine, AdapterServing) else ()
 
-    async def add_adapter(self, name: str, path: str) -> Mapping[str, object]:
+    async def add_adapter(self, name: str, path: str, model: str | None = None) -> Mapping[str, object]:
         if not isinstance(self.engine, AdapterManaging):
             raise ValueError("this server's engine takes no adapters")
-        return await self.engine.add_adapter(name, path)
+        return await self.engine.add_adapter(name, path, model)
 
-    def remove_adapter(self, name: str) -> bool:
-        return isinstance(self.engine, AdapterManaging) and self.engine.remove_adapter(name)
+    async def remove_adapter(self, name: str, model: str | None = None) -> str | None:
+        return await self.engine.remove_adapter(name, model) if isinstance(self.engine, AdapterManaging) else None
 
     async def cached_prefix(self, request: GenerateRequest) -> CachedPrefix:
         if not isinstance(self.engine, PrefixLookup):

@@ -149,15 +149,19 @@ class LocalEngine:
     def adapter_names(self) -> list[str]:
         return [named.name for named in self.adapters.listed()]
 
-    async def add_adapter(self, name: str, path: str) -> dict[str, object]:
+    async def add_adapter(self, name: str, path: str, model: str | None = None) -> dict[str, object]:
+        """`model` is not read: one model serves every name."""
         # Read off the event loop; nothing is evaluated on this thread (see adapters.files.read_safetensors).
         named = await asyncio.to_thread(self.adapters.add_allowed, name, path)
         adapter = named.adapter
         return {"id": f"{self.model_id}:{named.name}", "name": named.name, "path": str(adapter.path), "kind": adapter.kind,
                 "rank": adapter.rank, "layers": len(adapter.layers), "digest": adapter.digest}
 
-    def remove_adapter(self, name: str) -> bool:
-        return self.adapters.remove(name)
+    async def remove_adapter(self, name: str, model: str | None = None) -> str | None:
+        """`model`: None, or this model's id (`DELETE /v1/adapters/<model id>:NAME`)."""
+        if model not in (None, self.model_id) or not self.adapters.remove(name):
+            return None
+        return f"{self.model_id}:{name}"
 
     def queue_depth(self) -> int:
         return self._waiting()

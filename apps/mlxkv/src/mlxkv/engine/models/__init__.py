@@ -10,10 +10,11 @@ Unloading closes the engine (its write-behind flushed, its RAM tier released); i
     residents.py  each registered model's state (loaded, loading, in use) under one lock
     eviction.py   room for a load or a request: LRU unloading, the memory budget, the TTL reaper
     loading.py    the loader thread
+    model_adapters.py  adapters clients add to and remove from a model (bound to its spec)
     router.py     ModelRouter: the ServeEngine and ModelCatalog that wires them
 """
 
 from mlxkv.engine.models.router import ModelRouter
-from mlxkv.engine.models.specs import DEFAULT_WAIT_S, LoadedModel, Loader, ModelPolicy, ModelSpec
+from mlxkv.engine.models.specs import DEFAULT_WAIT_S, BoundAdapter, LoadedModel, Loader, ModelPolicy, ModelSpec
 
-__all__ = ["DEFAULT_WAIT_S", "LoadedModel", "Loader", "ModelPolicy", "ModelRouter", "ModelSpec"]
+__all__ = ["DEFAULT_WAIT_S", "BoundAdapter", "LoadedModel", "Loader", "ModelPolicy", "ModelRouter", "ModelSpec"]

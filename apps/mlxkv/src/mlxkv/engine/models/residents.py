@@ -76,7 +76,7 @@ class Residents:
     def infos(self, health: Callable[[ServeEngine], str]) -> tuple[ModelInfo, ...]:
         with self.lock:
             return tuple(ModelInfo(e.name, e.state, e.pinned, e.error, health(e.loaded.engine) if e.loaded else None,
-                                   e.spec.adapters) for e in self._entries.values())
+                                   e.spec.adapter_names()) for e in self._entries.values())
 
     @contextmanager
     def entering(self, entry: ModelEntry) -> Iterator[None]:

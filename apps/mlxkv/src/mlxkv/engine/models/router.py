@@ -18,12 +18,13 @@ from mlxkv_serve.engine import CachedPrefix, PrefixLookup
 from mlxkv.engine.memory import MemoryBudget, plan_kv
 from mlxkv.engine.models.eviction import Eviction, TtlReaper
 from mlxkv.engine.models.loading import ModelLoads
+from mlxkv.engine.models.model_adapters import ModelAdapters
 from mlxkv.engine.models.residents import Residents
 from mlxkv.engine.models.specs import Loader, ModelPolicy, ModelSpec
 
 
 class ModelRouter:
-    """`ServeEngine` and `ModelCatalog` over several models (see the package docstring)."""
+    """`ServeEngine`, `ModelCatalog` and `AdapterManaging` over several models (see the package docstring)."""
 
     def __init__(self, specs: list[ModelSpec], loader: Loader, policy: ModelPolicy, *, budget: MemoryBudget,
                  estimate: Callable[[ModelSpec], int], clock: Callable[[], float] = time.monotonic,
@@ -40,6 +41,7 @@ class ModelRouter:
         self._eviction = Eviction(self._residents, policy, budget)
         self._loads = ModelLoads(self._residents, loader, estimate, self._eviction)
         self._reaper = TtlReaper(self._residents, policy.ttl_s, self._loads.executor) if policy.ttl_s > 0 else None
+        self._adapters = ModelAdapters(self._residents, self._loads, policy.adapter_dirs)
 
     # -- catalog ----------------------------------------------------------------------------
     @property
@@ -62,6 +64,30 @@ class ModelRouter:
 
     def models(self) -> tuple[ModelInfo, ...]:
         return self._residents.infos(_health)
+
+    # -- AdapterManaging: `model` is a registered model (None: --default-model) ----------------
+    async def add_adapter(self, name: str, path: str, model: str | None = None) -> Mapping[str, object]:
+        return await self._adapters.add(self._residents[self._adapter_model(model)], name, path)
+
+    async def remove_adapter(self, name: str, model: str | None = None) -> str | None:
+        return await self._adapters.remove(self._residents[self._adapter_model(model)], name)
+
+    def _adapter_model(self, asked: str | None) -> str:
+        """The model an adapter is added to or removed from: one registered (or found in the hub
+        cache) by that name, never --default-model in place of a name that matches none."""
+        names = ", ".join(repr(n) for n in self._residents.names())
+        if asked is None:
+            if self.policy.default is None:
+                raise UnknownModelError(f"say which model the adapter is for ('model' in the body, or DELETE "
+                                        f"/v1/adapters/MODEL:NAME): one of {names} (there is no --default-model)")
+            return self.policy.default
+        if asked in self._residents:
+            return asked
+        found = self._discover(asked) if self._discover is not None else None
+        if found is None:
+            raise UnknownModelError(f"the model {asked!r} does not exist; this server serves {names}")
+        self._residents.register(found)
+        return found.name
 
     def load_pinned(self) -> None:
         """Load the pinned models now (start-up): they are never unloaded."""

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from mlxkv_serve import ServeEngine
 
 DEFAULT_WAIT_S = 300.0  # the longest a load waits for a busy model to become idle before a 503
+
+
+@dataclass(frozen=True, slots=True)
+class BoundAdapter:
+    """An adapter bound to a model (`--adapter MODEL:NAME=PATH`, `POST /v1/adapters`): read and
+    checked against the model each time it loads."""
+
+    name: str
+    path: Path
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,11 +26,14 @@ class ModelSpec:
 
     name: str
     source: str | None
-    adapters: tuple[str, ...] = ()  # the names of the adapters bound to it (`--adapter MODEL:NAME=PATH`)
+    adapters: tuple[BoundAdapter, ...] = ()  # in the order they were bound
 
     def __post_init__(self) -> None:
         if not self.name.strip():
             raise ValueError(f"model name {self.name!r} is empty")
+
+    def adapter_names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.adapters)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,13 +56,15 @@ Loader = Callable[[ModelSpec], LoadedModel]
 class ModelPolicy:
     """How the router keeps models: at most `max_models` loaded, `pinned` ones never unloaded, one
     idle for `ttl_s` unloaded (0: never), a load waiting up to `wait_s` for a busy model to make
-    room, and `default` serving requests that name no registered model (None: a 404)."""
+    room, `default` serving requests that name no registered model (None: a 404), and clients
+    adding adapters from under `adapter_dirs` only (`--adapter-dir`)."""
 
     max_models: int
     pinned: tuple[str, ...] = ()
     default: str | None = None
     ttl_s: float = 0.0
     wait_s: float = DEFAULT_WAIT_S
+    adapter_dirs: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_models < 1:
