@@ -27,6 +27,7 @@ MODELS: dict[str, tuple[str, dict[str, Any], KvScheme, int]] = {
     "plain": ("llama", {}, KvScheme(), 1),
     "plain-qwen3": ("qwen3", {}, KvScheme(), 1),
     "rotating": ("gemma3_text", {"sliding_window": 48}, KvScheme(), 2),
+    "full-rings": ("gemma3_text", {"sliding_window": 16}, KvScheme(), 2),  # prompts fill the rings: rounds over them
     "quantized": ("llama", {"head_dim": 64}, KvScheme(bits=8, group_size=32, quantized_start=40), 1),
     "recurrent": ("qwen3_next", {}, KvScheme(), 2),
 }
@@ -91,7 +92,7 @@ def test_logprobs_of_a_speculative_run_are_bitwise_those_of_a_plain_run() -> Non
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS)
-@pytest.mark.parametrize("name", ["plain", "quantized", "recurrent"])
+@pytest.mark.parametrize("name", ["plain", "quantized", "recurrent", "full-rings"])
 def test_speculating_rows_in_a_batch_keep_every_rows_tokens(name: str, sampling: str) -> None:
     binding = _binding(name)
     draft = layer_skip_draft(binding, MODELS[name][3])

@@ -298,3 +298,11 @@ def wrap_attention(model: nn.Module, wrap: Callable[[Callable[..., mx.array]], C
         if not getattr(current, "row_rounds", False):
             setattr(module, "scaled_dot_product_attention", wrap(current))
     return found
+
+
+def gemma_residual(layer: nn.Module) -> Callable[[mx.array, mx.array], mx.array]:
+    """The residual add of a Gemma 3 block (`clip_residual` in its mlx-lm module)."""
+    import sys
+
+    add: Callable[[mx.array, mx.array], mx.array] = getattr(sys.modules[type(layer).__module__], "clip_residual")
+    return add

@@ -20,7 +20,7 @@ import mlx.nn as nn
 
 from mlxkv_inference.cache.kv import PlainKVCache
 from mlxkv_inference.cache.stand_ins import PlainKvStandIn
-from mlxkv_inference.native.graphs import can_batch
+from mlxkv_inference.native.graphs import can_batch, llama_style
 from mlxkv_inference.native.kernels import project
 
 __all__ = ["attend_rows", "first_positions", "head_dim", "keep_written", "native_sequence", "uses_native_attention", "use_native_attention"]
@@ -160,7 +160,7 @@ def use_native_attention(model: nn.Module, config: dict[str, Any]) -> bool:
     most 64 query heads per kv head);
     returns whether it did."""
     inner: Any = getattr(model, "model", None)
-    if not can_batch(model, config, []) or inner is None:
+    if not (llama_style(config) and can_batch(model, config, [])) or inner is None:
         return False
     layers = list(inner.layers)
     attn = layers[0].self_attn

@@ -1,4 +1,4 @@
-"""A batched decode step over mlx-lm's llama-style graphs.
+"""A batched decode step over mlx-lm's llama-style graphs (and Gemma 3's: native/gemma_block.py).
 
     rows  t0 t1 ... t(R-1)                 L_i consecutive tokens of sequence i (1, a
                                            speculative round's pending token and drafts, or a
@@ -30,6 +30,7 @@ from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.native.graphs import can_batch
 from mlxkv_inference.native.kernels import project
 from mlxkv_inference.native.attention import NativeSequence, attend_rows, native_sequence, uses_native_attention
+from mlxkv_inference.native.gemma_block import gemma_embed, gemma_layer, is_gemma3
 from mlxkv_inference.native.layer import fused_forward
 
 # Layers built between two `async_eval`s of the step's hidden state: the first layers' kernels run
@@ -70,11 +71,14 @@ def decode_batch(model: nn.Module, tokens: mx.array, caches: Sequence[Sequence[L
     the other positions would cost a fifth of the step)."""
     spans = _spans(lengths if lengths is not None else [1] * len(caches))
     inner: Any = getattr(model, "model")
-    h: mx.array = inner.embed_tokens(tokens.reshape(-1, 1))
+    gemma = is_gemma3(inner)
+    h: mx.array = gemma_embed(inner, tokens) if gemma else inner.embed_tokens(tokens.reshape(-1, 1))
     for index, layer in enumerate(inner.layers):
         layer_caches = [row[index] for row in caches]
-        fused = fused_forward(layer, h, layer_caches, [b - a for a, b in spans])
-        if fused is not None:
+        fused = None if gemma else fused_forward(layer, h, layer_caches, [b - a for a, b in spans])
+        if gemma:
+            h = gemma_layer(layer, h, layer_caches, spans, inner.window_size)
+        elif fused is not None:
             h = fused
         else:
             h = h + _attention(layer.self_attn, layer.input_layernorm(h), layer_caches, spans)

@@ -1,5 +1,5 @@
 """Which mlx-lm graphs the batched step (`native/batched.py`) and the native layers drive: llama-style
-layers, full attention, no recurrent cache."""
+layers with full attention (both), Gemma 3 (the batched step); no recurrent cache."""
 
 from __future__ import annotations
 
@@ -11,17 +11,25 @@ import mlx.nn as nn
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.recurrent import RecurrentCache
 
-__all__ = ["BATCHABLE_MODEL_TYPES", "can_batch"]
+__all__ = ["BATCHABLE_MODEL_TYPES", "LLAMA_STYLE_TYPES", "can_batch", "llama_style"]
 
 # Graphs whose layers are (input norm, self_attn, post norm, mlp) with q/k/v/o projections.
-BATCHABLE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+LLAMA_STYLE_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+# Gemma 3's (four norms a layer, sliding-window layers between global ones: native/gemma_block.py).
+GEMMA3_TYPES = frozenset({"gemma3_text"})
+BATCHABLE_MODEL_TYPES = LLAMA_STYLE_TYPES | GEMMA3_TYPES
+
+
+def llama_style(config: dict[str, Any]) -> bool:
+    """Whether the model's layers are llama-style, full attention (what the native attention
+    kernel and the fused layer serve)."""
+    return config.get("model_type") in LLAMA_STYLE_TYPES and all(
+        t == "full_attention" for t in (config.get("layer_types") or ()))
 
 
 def can_batch(model: nn.Module, config: dict[str, Any], caches: Sequence[Sequence[LayerCache]]) -> bool:
     """Whether `decode_batch` can drive this model with these caches."""
-    if config.get("model_type") not in BATCHABLE_MODEL_TYPES:
-        return False
-    if any(t != "full_attention" for t in (config.get("layer_types") or ())):
+    if not (llama_style(config) or config.get("model_type") in GEMMA3_TYPES):
         return False
     inner: Any = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "embed_tokens") or not hasattr(inner, "norm"):
