@@ -222,6 +222,21 @@ def count_fed_tokens(binding: MlxAutoregressiveBinding, monkeypatch: Any) -> lis
     return fed
 
 
+def count_graph_forwards(binding: MlxAutoregressiveBinding, method: str, monkeypatch: Any) -> list[int]:
+    """The positions each call of `binding.<method>` (`decode`: uncompiled single steps,
+    `decode_positions`: uncompiled rounds) fed from now on, appended to the list returned."""
+    sizes: list[int] = []
+    forward = getattr(binding, method)
+
+    def counted(tokens: mx.array, caches: list[Any]) -> mx.array:
+        sizes.append(tokens.size)
+        logits: mx.array = forward(tokens, caches)
+        return logits
+
+    monkeypatch.setattr(binding, method, counted)
+    return sizes
+
+
 def save_mlx_lm_directory(binding: MlxAutoregressiveBinding, directory: Path) -> Path:
     """A tiny model as an mlx-lm directory (config, weights, tokenizer); returns the directory."""
     directory.mkdir(parents=True)

@@ -13,7 +13,7 @@ from mlx.utils import tree_flatten
 
 from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBinding, SamplingParams
 from mlxkv_inference.cache.rotating import RotatingKVCache
-from tests.factories import make_prompt, make_tiny_binding
+from tests.factories import count_graph_forwards, make_prompt, make_tiny_binding
 
 WINDOW = 512
 SAMPLINGS = {"greedy": SamplingParams(), "seeded": SamplingParams(temperature=0.9, seed=7)}
@@ -31,14 +31,7 @@ def test_compiled_decode_past_the_window_gives_the_graph_s_tokens(native: bool, 
     prompt = make_prompt(WINDOW - 20, seed=9)
     params = GenerationParams(max_tokens=60, ignore_eos=True, sampling=SAMPLINGS[sampling])
     graph = Generation(binding, prompt, replace(params, compiled_decode=False)).run()
-    graph_steps: list[int] = []
-    plain = binding.decode
-
-    def counted(tokens: mx.array, caches: list[Any]) -> mx.array:
-        graph_steps.append(tokens.size)
-        return plain(tokens, caches)
-
-    monkeypatch.setattr(binding, "decode", counted)
+    graph_steps = count_graph_forwards(binding, "decode", monkeypatch)
     generation = Generation(binding, prompt, params)
     compiled = generation.run()
     assert compiled.token_ids == graph.token_ids

@@ -20,7 +20,7 @@ from mlxkv_inference.cache.rounds import Round, round_fits
 from mlxkv_inference.kv_scheme import KvScheme
 from mlxkv_inference.models.draft import layer_skip_draft
 from mlxkv_inference.speculative.speculation import SpeculativeMode, SpeculativeParams
-from tests.factories import count_fed_tokens, make_prompt, make_tiny_binding
+from tests.factories import count_fed_tokens, count_graph_forwards, make_prompt, make_tiny_binding
 
 WINDOW = 16
 SAMPLINGS = {"greedy": SamplingParams(), "seeded": SamplingParams(temperature=0.3, seed=3)}
@@ -131,14 +131,7 @@ def test_rounds_on_sliding_window_caches_run_compiled(monkeypatch: pytest.Monkey
     prompt = (make_prompt(7, seed=3) * 6)[:40]
     params = GenerationParams(max_tokens=60, ignore_eos=True)
     plain = Generation(binding, prompt, params).run()
-    graph_rounds: list[int] = []
-    positions = binding.decode_positions
-
-    def counted(tokens: mx.array, caches: list[Any]) -> mx.array:
-        graph_rounds.append(tokens.size)
-        return positions(tokens, caches)
-
-    monkeypatch.setattr(binding, "decode_positions", counted)
+    graph_rounds = count_graph_forwards(binding, "decode_positions", monkeypatch)
     spec = SpeculativeParams(mode="prompt_lookup", num_draft_tokens=5, adaptive=False)
     fast = Generation(binding, prompt, replace(params, speculative=spec)).run()
     assert fast.token_ids == plain.token_ids and fast.draft_tokens > 0
