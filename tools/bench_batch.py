@@ -5,7 +5,9 @@ The embedded model with the server's default kernels; N distinct chat prompts, g
 barred, prompt lookup on (the server's default); the two batched modes alternate `--repeats`
 times and medians are compared, with the CPU cores the process kept busy (2 here: the Python
 that builds a step competes with the kernels' threads). Every mode's tokens are checked equal.
-Run: `uv run python -m tools.bench_batch [--sequences 8] [--max-tokens 128] [--repeats 5]`.
+Run: `uv run python -m tools.bench_batch [--sequences 8] [--max-tokens 128] [--repeats 5]`; `--model
+gemma3-270m` on the `gemma3` group's base model (raw-text prompts), `--per-row` adds a batch run as a
+graph per row (the fallback where rows cannot be stacked).
 
 `--timeline`: instead, N requests arriving at once on a scheduler bounding a step's prefill as
 `mlxkv serve` does (`--prefill-step-ms`, default the server's): each step's time, the generations
@@ -16,6 +18,7 @@ what an N-row step cost after, against one sequence's plain step.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -28,6 +31,9 @@ from mlxkv_inference.speculative.speculation import SpeculativeParams  # noqa: E
 from mlxkv_inference.native.kernels import default_cpu_kernels  # noqa: E402
 from mlxkv_inference.tokenizer.chat import encode_chat  # noqa: E402
 from mlxkv.commands.serve import SERVE_PREFILL_STEP_MS  # noqa: E402
+from mlxkv.paths import default_cache_dir  # noqa: E402
+from mlxkv_inference.models.gemma3_270m import gemma3_270m_path  # noqa: E402
+from tools.bench_generate import cpu_model  # noqa: E402
 from tools.bench_sampler import PROMPTS  # noqa: E402
 
 
@@ -80,29 +86,47 @@ def main() -> None:
     parser.add_argument("--timeline", action="store_true", help="print each step of the sequences arriving at once instead")
     parser.add_argument("--prefill-step-ms", type=float, default=SERVE_PREFILL_STEP_MS,
                         help=f"--timeline: the scheduler's prefill time bound a step (default: the server's, {SERVE_PREFILL_STEP_MS:.0f})")
+    parser.add_argument("--model", default=None, metavar="PATH",
+                        help="a local mlx-lm directory or .gguf file, or gemma3-270m (the `gemma3` group's base model: "
+                             "its prompts are the requests as raw text) (default: the embedded model)")
+    parser.add_argument("--no-speculation", action="store_true",
+                        help="plain steps only (default: prompt lookup, the server's default)")
+    parser.add_argument("--per-row", action="store_true",
+                        help="also run the batch with a graph per row (what the scheduler falls back to where rows "
+                             "cannot be stacked), for comparison")
     args = parser.parse_args()
-    binding = load_binding(cpu_kernels=default_cpu_kernels())
+    base = args.model == "gemma3-270m"
+    model = str(gemma3_270m_path(default_cache_dir())) if base else args.model
+    binding = load_binding(model, cpu_kernels=default_cpu_kernels())
     binding.warm_up(compiled=True, rows=STEP_MAX_ROWS)
-    prompts = [encode_chat(binding.tokenizer, [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]).tokens
-               for i in range(args.sequences)]
+    requests = [PROMPTS[i % len(PROMPTS)] for i in range(args.sequences)]
+    prompts = [binding.tokenizer.encode(r) if base else encode_chat(binding.tokenizer, [{"role": "user", "content": r}]).tokens
+               for r in requests]
+    print(f"{binding.model_id}; cpu {cpu_model()}; load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     barred = {token: -100.0 for token in binding.eos_token_ids}
     params = GenerationParams(max_tokens=args.max_tokens, sampling=SamplingParams(logit_bias=barred),
-                              speculative=SpeculativeParams(mode="prompt_lookup"))
+                              speculative=SpeculativeParams(mode="off" if args.no_speculation else "prompt_lookup"))
     if args.timeline:
         timeline(binding, prompts, params, args.prefill_step_ms / 1000)
         return
     modes = {"pipelined": True, "unpipelined": False}
+    if args.per_row:
+        modes["graph per row"] = True
     results: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
     expected: list[tuple[int, ...]] = []
+    stacks = binding.can_decode_batch
     for _ in range(args.repeats + 1):  # the first round warms up, uncounted
         for mode, pipelined in modes.items():
+            # the scheduler asks the binding whether rows stack; "graph per row" answers no
+            setattr(binding, "can_decode_batch", (lambda *a, **k: False) if mode == "graph per row" else stacks)
             tps, cores, tokens = run(BatchScheduler(binding, max_batch=args.sequences, pipelined=pipelined), prompts, params)
             if expected and tokens != expected:
                 raise AssertionError(f"{mode} steps changed a sequence's tokens")
             expected = tokens
             results[mode].append((tps, cores))
     alone = statistics.median(run(BatchScheduler(binding, max_batch=1), prompts[:1], params)[0] for _ in range(3))
-    print(f"{args.sequences} sequences x {args.max_tokens} tokens, greedy, prompt lookup; cpu kernels {binding.cpu_kernels}; "
+    print(f"{args.sequences} sequences x {args.max_tokens} tokens, greedy, "
+          f"{'no speculation' if args.no_speculation else 'prompt lookup'}; cpu kernels {binding.cpu_kernels}; "
           f"medians of {args.repeats}")
     print(f"  one sequence alone: {alone:.1f} tok/s")
     for mode, runs in results.items():
@@ -110,7 +134,8 @@ def main() -> None:
         cores = statistics.median(c for _, c in runs[1:])
         print(f"  {mode:>11}: {tps:6.1f} tok/s ({' '.join(f'{t:.0f}' for t, _ in runs[1:])}), {tps / alone:.2f}x alone, "
               f"{cores:.2f} cores busy")
-    ahead, plain = (statistics.median(t for t, _ in results[mode][1:]) for mode in modes)
+    setattr(binding, "can_decode_batch", stacks)
+    ahead, plain = (statistics.median(t for t, _ in results[mode][1:]) for mode in ("pipelined", "unpipelined"))
     print(f"  pipelined / unpipelined: {ahead / plain:.2f}x; tokens identical in every run")
 
 

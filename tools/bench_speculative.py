@@ -215,7 +215,12 @@ def main() -> int:
                        for prompt, answer in zip(prompts, answers)]
             print(f"  replayed, n-grams up to {n}: rounds {', '.join(str(r) for r, _ in replays)}; "
                   f"modelled {', '.join(f'{x:.2f}x' for _, x in replays)}")
-    print(f"\nload average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    costs = binding.step_costs
+    ceiling = max(((k + 1) / costs.relative(k + 1), k) for k in range(1, args.num_draft_tokens + 1))
+    print(f"\nan answer that copies its prompt throughout: modelled {ceiling[0]:.2f}x "
+          f"({ceiling[1]} drafts a round, all accepted; a round of {ceiling[1] + 1} positions measured "
+          f"{costs.relative(ceiling[1] + 1):.2f} steps)")
+    print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print("\nevery mode produced the plain run's tokens" if exact else "\nSPECULATION CHANGED TOKENS")
     return 0 if exact else 1
 
@@ -225,10 +230,10 @@ def chat_prompts(binding: MlxAutoregressiveBinding, requests: list[str]) -> list
 
 
 def base_workloads(binding: MlxAutoregressiveBinding) -> dict[str, list[list[int]]]:
-    # NOTE: the file's first half (~320-token prompts): Gemma 3 270M copies it, but writes new code
-    # after the whole file or ~420 tokens of it. Rounds verify past its 512-token sliding window too
-    # (cache/ring_rounds.py): `--max-tokens 300` answers run past it. Worded as a file's before and
-    # after: with "the same file, with ..." the model writes new code as well.
+    # NOTE: the file's first half (~320-token prompts), so that 150-token answers stay inside Gemma 3's
+    # 512-token sliding window, where rounds run (past it steps are single: docs/speculative.md).
+    # Worded as a file's before and after: with "the same file, with ..." the 270M base model writes
+    # new code sooner. It copies the opening and the imports, then writes code of its own.
     code = CODE_FILE[: CODE_FILE.index("    def sell")]
     edits = [f"# inventory.py (before)\n```python\n{code}```\n\n# inventory.py (after {change})\n```python\n"
              for change in BASE_EDIT_CHANGES]
