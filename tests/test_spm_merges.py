@@ -72,3 +72,10 @@ def test_hash_collisions_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_mismatched_vocabulary_arrays_are_refused() -> None:
     with pytest.raises(ValueError, match="3 pieces has 2 scores"):
         spm_merges(["a", "b", "ab"], [0.0, 0.0], [1, 1, 1], {"a": 0, "b": 1, "ab": 2})
+
+
+def test_a_nan_score_gives_the_lookup_merges() -> None:
+    tokens, scores, types = random_vocabulary(7, size=300)
+    scores[5] = float("nan")
+    fast, reference = both(tokens, scores, types)
+    assert fast == reference

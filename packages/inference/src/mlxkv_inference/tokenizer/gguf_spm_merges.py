@@ -2,16 +2,17 @@
 by the piece's score (highest first), then by the ids of its halves.
 
 `spm_merges` finds the splits with array arithmetic: a polynomial hash (mod 2**64) of every
-prefix and suffix of every piece, looked up among the hashes of the pieces, each match then
-confirmed code point by code point; pieces have distinct hashes (checked), so no split is lost or
+prefix and suffix of every piece, looked up in a bucketed table of the pieces' hashes, each match
+then confirmed code point by code point; pieces have distinct hashes (checked), so no split is lost or
 invented. `spm_merges_by_lookup` is the plain loop, one dict lookup per split (about a second for
 Gemma's 1.1M splits); it is the reference, and it runs where the arrays do not apply (a repeated
-piece, a piece over 64 characters, two pieces with one hash).
+piece, a piece over 64 characters, two pieces with one hash, a score that is NaN).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,6 +20,9 @@ __all__ = ["spm_merges", "spm_merges_by_lookup"]
 
 _NORMAL = 1  # llama.cpp token type: a piece merges may produce
 _BASE = np.uint64(0x100000001B3)  # odd, so no power of it is 0 mod 2**64
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+_BUCKET_BITS = 20
+_SHIFT = np.uint64(64 - _BUCKET_BITS)
 _MAX_WIDTH = 64
 
 Splits = tuple[np.ndarray, np.ndarray, np.ndarray]  # (piece id, left id, right id) of each split
@@ -30,11 +34,12 @@ def spm_merges(tokens: Sequence[str], scores: Sequence[float], types: Sequence[i
     then by the ids of its halves: the list `spm_merges_by_lookup` gives (`vocab`: piece -> id)."""
     if not len(tokens) == len(scores) == len(types):
         raise ValueError(f"a vocabulary of {len(tokens)} pieces has {len(scores)} scores and {len(types)} types")
-    found = _splits(tokens, types) if len(vocab) == len(tokens) else None
+    costs = -np.asarray(scores, dtype=np.float64)
+    found = _splits(tokens, types) if len(vocab) == len(tokens) and not np.isnan(costs).any() else None
     if found is None:
         return spm_merges_by_lookup(tokens, scores, types, vocab)
     owners, lefts, rights = found
-    order = np.lexsort((rights, lefts, -np.asarray(scores, dtype=np.float64)[owners]))
+    order = _order(costs[owners], lefts, rights, len(tokens))
     piece = tokens.__getitem__
     return list(zip(map(piece, lefts[order].tolist()), map(piece, rights[order].tolist())))
 
@@ -64,18 +69,17 @@ def _splits(tokens: Sequence[str], types: Sequence[int]) -> Splits | None:
     rows = np.flatnonzero((np.asarray(types) == _NORMAL) & (lengths >= 2))
     rows = rows[np.argsort(-lengths[rows], kind="stable")]  # longest first: the rows cut at k are a prefix
     whole, row, cut, head = _hashes(points, lengths, rows)
-    by_hash = np.argsort(whole, kind="stable")
-    table = whole[by_hash]
-    if np.any(table[1:] == table[:-1]):
-        return None  # two pieces with one hash: the lookup below could not tell them apart
-    left = _lookup(head, table, by_hash)
+    table = _table(whole)
+    if table is None:
+        return None  # two pieces with one hash: the lookup could not tell them apart
+    left = _lookup(head, table)
     found = np.flatnonzero(left >= 0)
     row, cut, left, head = row[found], cut[found], left[found], head[found]
     powers = np.ones(width + 1, dtype=np.uint64)  # _BASE**k mod 2**64, k = 0..width
     powers[1:] = np.cumprod(np.full(width, _BASE, dtype=np.uint64))
     end = lengths[row]
     # hash(s[cut:end]) = hash(s[:end]) - hash(s[:cut]) * _BASE**(end - cut), all mod 2**64
-    right = _lookup(whole[row] - head * powers[end - cut], table, by_hash)
+    right = _lookup(whole[row] - head * powers[end - cut], table)
     found = np.flatnonzero(right >= 0)
     row, cut, left, right = row[found], cut[found], left[found], right[found]
     same = _confirmed(points, lengths, row, cut, left, right)
@@ -103,12 +107,49 @@ def _hashes(points: np.ndarray, lengths: np.ndarray, rows: np.ndarray) -> tuple[
     return whole, np.concatenate(cut_rows), cuts, np.concatenate(cut_hashes)
 
 
-def _lookup(hashes: np.ndarray, table: np.ndarray, by_hash: np.ndarray) -> np.ndarray:
-    """The id of the piece with each hash, or -1."""
-    order = np.argsort(hashes)  # sorted queries walk the table in order (numpy narrows each search by the last)
-    at = np.empty(len(hashes), dtype=np.int64)
-    at[order] = np.minimum(np.searchsorted(table, hashes[order]), len(table) - 1)
-    found: np.ndarray = np.where(table[at] == hashes, by_hash[at], -1)
+def _order(costs: np.ndarray, lefts: np.ndarray, rights: np.ndarray, pieces: int) -> np.ndarray:
+    """The order of (cost, left, right), lexicographic: one sort of one int64 key where it fits."""
+    if pieces**3 >= 2**63:
+        order: np.ndarray = np.lexsort((rights, lefts, costs))
+        return order
+    rank = np.unique(costs, return_inverse=True)[1].astype(np.int64)  # -0.0 and 0.0: one rank, as == has it
+    return np.argsort((rank * pieces + lefts) * pieces + rights)
+
+
+@dataclass(frozen=True, slots=True)
+class _Table:
+    """The pieces by hash, bucketed by the top bits of the hash times `_MIX` (the bare hash of a
+    short piece is a small number; the product spreads them, and being odd, `_MIX` keeps them apart)."""
+
+    keys: np.ndarray  # mixed hashes, sorted
+    ids: np.ndarray  # the piece of each key
+    starts: np.ndarray  # the first key of each bucket, then len(keys)
+
+
+def _table(whole: np.ndarray) -> _Table | None:
+    """None where two pieces share a hash."""
+    mixed = whole * _MIX
+    ids = np.argsort(mixed)
+    keys = mixed[ids]
+    if np.any(keys[1:] == keys[:-1]):
+        return None
+    starts = np.searchsorted(keys >> _SHIFT, np.arange(2**_BUCKET_BITS + 1, dtype=np.uint64))
+    return _Table(keys, ids, starts)
+
+
+def _lookup(hashes: np.ndarray, table: _Table) -> np.ndarray:
+    """The id of the piece with each hash, or -1: each query walks its bucket (a few keys at most)."""
+    mixed = hashes * _MIX
+    bucket = (mixed >> _SHIFT).astype(np.int64)
+    at, stop = table.starts[bucket], table.starts[bucket + 1]
+    found = np.full(len(hashes), -1, dtype=np.int64)
+    pending = np.flatnonzero(at < stop)
+    while len(pending):
+        hit = table.keys[at[pending]] == mixed[pending]
+        found[pending[hit]] = table.ids[at[pending[hit]]]
+        pending = pending[~hit]
+        at[pending] += 1
+        pending = pending[at[pending] < stop[pending]]
     return found
 
 
