@@ -3,6 +3,7 @@ and types, the same tensor arrays. Small files written by `gguf.GGUFWriter`, and
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -120,5 +121,5 @@ def test_a_corrupt_header_is_a_load_error(patch: str, tmp_path: Path) -> None:
         at = data.index(b"output_norm.weight") + len("output_norm.weight") + 4 + 8  # name, dims (1), dim
         data[at : at + 4] = (250).to_bytes(4, "little")
     path.write_bytes(bytes(data))
-    with pytest.raises(ModelLoadError):
+    with pytest.raises(ModelLoadError, match=f"cannot read GGUF file {re.escape(str(path))}"):
         read_gguf_file(path)

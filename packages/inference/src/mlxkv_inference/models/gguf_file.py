@@ -75,6 +75,8 @@ def read_gguf_file(path: Path) -> GgufFile:
         raise ModelLoadError(f"cannot read GGUF file {path}: {e}") from e
     try:
         return _Parser(data).file()
+    except ModelLoadError as e:
+        raise ModelLoadError(f"cannot read GGUF file {path}: {e}") from e
     except (struct.error, UnicodeDecodeError, ValueError, OverflowError) as e:
         raise ModelLoadError(f"cannot read GGUF file {path}: {type(e).__name__}: {e}") from e
 
