@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as T, GGUFValueType as V
 
 from mlxkv_inference.errors import ModelLoadError
 from mlxkv_inference.models.embedded import embedded_model_path
-from mlxkv_inference.models.gguf_file import GgufFile, NotReadHere, read_gguf_file
+from mlxkv_inference.models.gguf_file import GgufFile, NotReadHere, UnreadStrings, read_gguf_file
 from mlxkv_inference.models.gguf_reader import read_gguf
 from tests.test_gguf_quants import random_blocks
 
@@ -74,6 +74,24 @@ def test_every_value_and_tensor_type_reads_as_gguf_reads_it(tmp_path: Path) -> N
     assert_reads_like_gguf(file, gguf.GGUFReader(path))
     assert file.metadata["t.nested"] == [1, 2, 3]  # arrays of arrays come flat, as gguf gives them
     assert file.metadata["t.f32"] == float(np.float32(0.1)) and file.metadata["t.u64"] == 2**63 + 5
+
+
+def test_string_arrays_left_unread_read_the_same_later(tmp_path: Path) -> None:
+    path = write_file(tmp_path / "all.gguf")
+    lazy = read_gguf_file(path, strings=False)
+    assert isinstance(lazy.metadata["t.strs"], UnreadStrings) and lazy.metadata["t.str"] == "naïve 日本 🙂"
+    assert lazy.with_strings().metadata == read_gguf_file(path).metadata
+
+
+def test_a_string_that_is_not_utf8_is_a_load_error(tmp_path: Path) -> None:
+    path = write_file(tmp_path / "all.gguf", int_tensor=False)
+    data = bytearray(path.read_bytes())
+    data[data.index("🙂🙂".encode())] = 0xFF  # in the string array t.strs
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match="UnicodeDecodeError"):
+        read_gguf_file(path)
+    with pytest.raises(ModelLoadError, match="UnicodeDecodeError"):
+        read_gguf(path)  # its tensor types are not all MLX's: the strings are read
 
 
 def test_embedded_model_reads_as_gguf_reads_it() -> None:

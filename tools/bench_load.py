@@ -65,6 +65,7 @@ def main() -> None:
             times, binding = timed_load(path, args.cpu_kernels, reference=mode == "reference")
             runs[mode].append(times)
             identity.add((binding.config_fingerprint, binding.tokenizer_hash))
+            del binding  # freed before the next load, not during it
     assert len(identity) == 1, f"the two paths built different bindings: {identity}"
     report(runs)
     print(f"same config fingerprint and tokenizer hash on both paths; load average after: {load_average()}")

@@ -3,8 +3,9 @@
 The values are those of the `gguf` package's reader (llama.cpp's): `metadata` holds what its
 `ReaderField.contents()` returns (str, int, float, bool, flat lists), and each tensor's `data` is
 the array its `ReaderTensor.data` is (the same dtype and shape, a view of the file). That reader
-builds a numpy view per value, some 20 s for a 262,144-piece vocabulary; this one decodes a
-string array in one loop and a number array with one `np.frombuffer`.
+builds a numpy view per value, some 20 s for a 262,144-piece vocabulary; this one walks a string
+array in one loop (decoding it in another, only when asked) and reads a number array with one
+`np.frombuffer`.
 
     magic "GGUF" | version u32 | tensor count u64 | kv count u64
     kv:     key string | value type u32 | value       (string = length u64 + UTF-8 bytes)
@@ -28,7 +29,7 @@ from gguf.quants import quant_shape_to_byte_shape
 
 from mlxkv_inference.errors import ModelLoadError
 
-__all__ = ["GgufFile", "GgufTensor", "NotReadHere", "read_gguf_file"]
+__all__ = ["GgufFile", "GgufTensor", "NotReadHere", "UnreadStrings", "read_gguf_file"]
 
 _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)
@@ -61,24 +62,56 @@ class GgufTensor:
 
 
 @dataclass(frozen=True, slots=True)
+class UnreadStrings:
+    """A string array left unread (`read_gguf_file(..., strings=False)`): its bytes, as the file
+    holds them (each string a u64 length, then UTF-8), bounds already checked."""
+
+    raw: memoryview
+    count: int
+
+    def read(self) -> list[str]:
+        """Raises UnicodeDecodeError for bytes that are not UTF-8."""
+        # bytes slices decode faster than memoryview slices; the bounds were checked when walked
+        raw, at, out = bytes(self.raw), 0, []
+        unpack = _U64.unpack_from
+        for _ in range(self.count):
+            end = at + 8 + unpack(raw, at)[0]
+            out.append(raw[at + 8 : end].decode())
+            at = end
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class GgufFile:
-    metadata: dict[str, Any]
+    path: Path
+    metadata: dict[str, Any]  # string arrays as UnreadStrings where read with strings=False
     tensors: tuple[GgufTensor, ...]
 
+    def with_strings(self) -> GgufFile:
+        """This file with its string arrays read; raises ModelLoadError for one that is not UTF-8."""
+        try:
+            metadata = {k: v.read() if isinstance(v, UnreadStrings) else v for k, v in self.metadata.items()}
+        except UnicodeDecodeError as e:
+            raise ModelLoadError(f"cannot read GGUF file {self.path}: {type(e).__name__}: {e}") from e
+        return GgufFile(self.path, metadata, self.tensors)
 
-def read_gguf_file(path: Path) -> GgufFile:
+
+def read_gguf_file(path: Path, *, strings: bool = True) -> GgufFile:
     """Raises ModelLoadError for a file that is not a well-formed GGUF file (truncated, corrupt),
-    NotReadHere for one the `gguf` reader should read instead."""
+    NotReadHere for one the `gguf` reader should read instead. `strings=False` leaves the string
+    arrays (a vocabulary, its merges) unread: what a caller needing only the tensor types wants."""
     try:
         data = np.memmap(path, mode="r")
     except (OSError, ValueError) as e:  # missing, unreadable, empty
         raise ModelLoadError(f"cannot read GGUF file {path}: {e}") from e
     try:
-        return _Parser(data).file()
+        metadata, tensors = _Parser(data).file()
     except ModelLoadError as e:
         raise ModelLoadError(f"cannot read GGUF file {path}: {e}") from e
     except (struct.error, UnicodeDecodeError, ValueError, OverflowError) as e:
         raise ModelLoadError(f"cannot read GGUF file {path}: {type(e).__name__}: {e}") from e
+    file = GgufFile(path, metadata, tensors)
+    return file.with_strings() if strings else file
 
 
 class _Parser:
@@ -90,7 +123,7 @@ class _Parser:
         self.size = len(data)
         self.at = 0
 
-    def file(self) -> GgufFile:
+    def file(self) -> tuple[dict[str, Any], tuple[GgufTensor, ...]]:
         if bytes(self.take(4)) != _MAGIC:
             raise ModelLoadError("not a GGUF file (bad magic)")
         version = self.u32()
@@ -108,7 +141,7 @@ class _Parser:
                 alignment = _alignment(kind, metadata[key])
         infos = [self.tensor_info() for _ in range(tensor_count)]
         start = -(-self.at // alignment) * alignment
-        return GgufFile({k: v for k, v in metadata.items() if not k.startswith("GGUF.")}, self.tensors(infos, start))
+        return {k: v for k, v in metadata.items() if not k.startswith("GGUF.")}, self.tensors(infos, start)
 
     def take(self, n: int) -> memoryview:
         end = self.at + n
@@ -140,7 +173,7 @@ class _Parser:
                 return self.strings(count)
             if item in _SCALARS:
                 return self.numbers(item, count)
-            return [v for _ in range(count) for v in _flat(self.value(item))]  # arrays of arrays: flattened, as gguf does
+            return [v for _ in range(count) for v in _flat(self.value(item))]  # arrays of arrays: flat, as gguf has them
         raise ModelLoadError(f"GGUF value type {kind} is unknown")
 
     def numbers(self, kind: int, count: int) -> list[Any]:
@@ -148,20 +181,16 @@ class _Parser:
         out: list[Any] = np.frombuffer(self.take(dtype.itemsize * count), dtype=dtype).tolist()
         return out
 
-    def strings(self, count: int) -> list[str]:
-        # The hot loop of a vocabulary: no method calls, one bounds check per piece.
-        view, size, at, out = self.view, self.size, self.at, []
+    def strings(self, count: int) -> UnreadStrings:
+        # The hot loop of a vocabulary: walked here (one bounds check per piece), decoded later.
+        view, size, start = self.view, self.size, self.at
+        at = start
         unpack = _U64.unpack_from
         for _ in range(count):
-            if at + 8 > size:
+            if at + 8 > size or (at := at + 8 + unpack(view, at)[0]) > size:
                 raise ModelLoadError(f"truncated GGUF file: a string array runs past the end ({size} bytes)")
-            end = at + 8 + unpack(view, at)[0]
-            if end > size:
-                raise ModelLoadError(f"truncated GGUF file: a string array runs past the end ({size} bytes)")
-            out.append(str(view[at + 8 : end], "utf-8"))
-            at = end
         self.at = at
-        return out
+        return UnreadStrings(view[start:at], count)
 
     def tensor_info(self) -> tuple[str, list[int], int, int]:
         name = self.string()
@@ -200,4 +229,6 @@ def _alignment(kind: int, value: Any) -> int:
 
 
 def _flat(value: Any) -> list[Any]:
+    if isinstance(value, UnreadStrings):
+        return value.read()
     return value if isinstance(value, list) else [value]

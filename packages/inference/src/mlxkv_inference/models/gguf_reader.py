@@ -39,7 +39,7 @@ def read_gguf(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
     cannot be read, UnsupportedModelError (naming the tensor, its type and the architecture)
     for a tensor type without a conversion."""
     try:
-        file = read_gguf_file(path)
+        file = read_gguf_file(path, strings=False)  # the tensor types decide; MLX reads its own metadata
     except NotReadHere:
         return _read_with_gguf(path)
     if all(t.kind in _MLX_EXACT for t in file.tensors):
@@ -50,6 +50,7 @@ def read_gguf(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
         else:
             if all(name.endswith(_TRIPLE_PARTS) or t.dtype in (mx.uint32, mx.float32) for name, t in weights.items()):
                 return weights, metadata
+    file = file.with_strings()
     return _convert(((t.name, t.kind, t.shape, t.data) for t in file.tensors), file.metadata, path), file.metadata
 
 
