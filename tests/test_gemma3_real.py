@@ -15,7 +15,10 @@ from mlxkv_inference import Generation, GenerationParams, MlxAutoregressiveBindi
 from mlxkv_inference._mlx_lm import load_directory, mlx_lm_step_tokens
 from mlxkv_inference.cache.rotating import RotatingKVCache
 from mlxkv_inference.generation.cached_generation import CachedGenerator
+from mlxkv_inference.models.gguf_file import read_gguf_file
 from mlxkv_inference.models.gguf_reader import read_gguf
+from mlxkv_inference.tokenizer.gguf_spm_merges import spm_merges, spm_merges_by_lookup
+from tests.test_gguf_file import assert_reads_like_gguf
 from tests.test_gguf_quants import dequantized
 from tools.mlx_lm_reference import write_mlx_lm_directory
 
@@ -38,6 +41,22 @@ def test_gemma3_every_tensor_equals_the_reference_dequantization(gemma3_file: tu
         assert np.array_equal(dequantized(weights, base), reference), tensor.name
         types[tensor.tensor_type.name] = types.get(tensor.tensor_type.name, 0) + 1
     assert types == {"F32": 109, "Q5_0": 81, "Q4_K": 27, "Q8_0": 10, "Q6_K": 9}
+
+
+def test_gemma3_file_reads_as_gguf_reads_it(gemma3_path: Path, gemma3_file: tuple[dict[str, mx.array], gguf.GGUFReader]) -> None:
+    # The 262,144 pieces, scores and types of the vocabulary included.
+    file = read_gguf_file(gemma3_path)
+    assert_reads_like_gguf(file, gemma3_file[1])
+    assert len(file.metadata["tokenizer.ggml.tokens"]) == len(file.metadata["tokenizer.ggml.scores"]) == 262_144
+
+
+def test_gemma3_vocabulary_merges_equal_the_lookup_merges(gemma3_path: Path) -> None:
+    metadata = read_gguf_file(gemma3_path).metadata
+    tokens, scores, types = (metadata[f"tokenizer.ggml.{k}"] for k in ("tokens", "scores", "token_type"))
+    vocab = dict(zip(tokens, range(len(tokens))))
+    merges = spm_merges(tokens, scores, types, vocab)
+    assert merges == spm_merges_by_lookup(tokens, scores, types, vocab)
+    assert len(merges) == 513_511
 
 
 def test_gemma3_norm_weights_come_back_exactly_as_stored(gemma3: MlxAutoregressiveBinding,

@@ -28,6 +28,12 @@ AFFINE_BITS = {_T.Q4_0: 4, _T.Q4_1: 4, _T.Q5_0: 5, _T.Q5_1: 5, _T.Q8_0: 8, _T.Q4
 # Types kept (or made) float32: the float types, and Q6_K (see the module docstring).
 DENSE_TYPES = (_T.F32, _T.F16, _T.BF16, _T.Q6_K)
 
+# Byte i of eight packed codes: (code, shift) pairs, the stream's bits 8i..8i+7.
+_PACK_BYTES = {
+    4: [[(0, 0), (1, 4)], [(2, 0), (3, 4)], [(4, 0), (5, 4)], [(6, 0), (7, 4)]],
+    5: [[(0, 0), (1, 5)], [(1, -3), (2, 2), (3, 7)], [(3, -1), (4, 4)], [(4, -4), (5, 1), (6, 6)], [(6, -2), (7, 3)]],
+}
+
 Codes = tuple[np.ndarray, np.ndarray, np.ndarray]  # (codes uint8 (n, block), scales f32, biases f32 (n, groups))
 
 
@@ -71,6 +77,8 @@ def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
     `bits`-bit fields, read as uint32 words (K * bits / 32 of them per row)."""
     if bits == 8:
         return np.ascontiguousarray(codes, dtype=np.uint8).view(np.uint32)
+    if bits in _PACK_BYTES:
+        return _pack_bytes(codes, bits)
     # Eight codes fill exactly `bits` bytes: assemble them in a uint64, keep its low bytes.
     eights = codes.reshape(*codes.shape[:-1], -1, 8).astype(np.uint64)
     word = np.zeros(eights.shape[:-1], dtype=np.uint64)
@@ -78,6 +86,18 @@ def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
         word |= eights[..., i] << np.uint64(bits * i)
     stream = word[..., None].view(np.uint8)[..., :bits]  # little-endian bytes of each word
     return np.ascontiguousarray(stream).reshape(*codes.shape[:-1], -1).view(np.uint32)
+
+
+def _pack_bytes(codes: np.ndarray, bits: int) -> np.ndarray:
+    """4 and 5 bits: each byte of the stream made from the codes it holds, in uint8 arithmetic
+    (shifts past bit 7 fall off): ~5x faster than the uint64 words, and the same bytes."""
+    eights = codes.reshape(*codes.shape[:-1], -1, 8).astype(np.uint8, copy=False)
+    out = np.zeros((*eights.shape[:-1], bits), dtype=np.uint8)
+    for byte, parts in enumerate(_PACK_BYTES[bits]):
+        for code, shift in parts:  # shift > 0: code << shift; shift < 0: code >> -shift
+            c = eights[..., code]
+            out[..., byte] |= c << np.uint8(shift) if shift >= 0 else c >> np.uint8(-shift)
+    return out.reshape(*codes.shape[:-1], -1).view(np.uint32)
 
 
 def _half(blocks: np.ndarray, start: int) -> np.ndarray:
