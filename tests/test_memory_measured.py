@@ -5,6 +5,8 @@ the test (`FedGauge`) except in the last test, which grows this process's real m
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from mlxkv.engine.models import LoadedModel, ModelPolicy, ModelRouter, ModelSpec
 from mlxkv_inference.prompt_cache import RamPromptCache
 from mlxkv_inference.prompt_cache.ram_tier import RamEntry
 from mlxkv_serve import ServeConfig, build_app
+from tests.bindings import GatedBinding
 from tests.factories import TINY_VOCAB, make_plain_caches, make_tiny_binding
 from tests.gauges import MIB, FedGauge, reading_mib
 from tests.serving import running
@@ -146,6 +149,35 @@ def test_letting_mlxs_buffer_cache_go_admits_the_request(tiny_local: LocalEngine
     with running(build_app(budgeted(tiny_local, gauge), ServeConfig(vocab_size=TINY_VOCAB))) as url:
         admitted = complete(url)
     assert (admitted.status_code, gauge.releases, gauge.reading) == (200, 1, reading_mib(6, active=5))
+
+
+def test_a_request_waits_while_a_running_one_holds_memory_and_enters_once_the_process_shrinks() -> None:
+    binding = make_tiny_binding("llama", binding_class=GatedBinding)
+    assert isinstance(binding, GatedBinding)
+    local = LocalEngine(binding, None)
+    gauge = FedGauge(reading_mib(5))  # 4 MiB model + 1.125 MiB planned for the first request: it fits
+    results: list[int] = []
+    try:
+        with running(build_app(budgeted(local, gauge), ServeConfig(vocab_size=TINY_VOCAB))) as url:
+            clients = [threading.Thread(target=lambda: results.append(complete(url).status_code)) for _ in range(2)]
+            clients[0].start()
+            assert binding.entered.wait(WAIT_S), "the first request never reached its prefill"
+            gauge.grow(2 * MIB)  # 7 MiB held: 1.125 MiB more would pass 8, until the first ends or the process shrinks
+            clients[1].start()
+            time.sleep(0.3)
+            waiting = (local.batch_size() + local.queue_depth(), len(results))
+            memory = httpx.get(url + "/health").json()["memory"]
+            gauge.grow(-2 * MIB)
+            binding.gate.set()
+            for client in clients:
+                client.join(WAIT_S)
+    finally:
+        binding.gate.set()
+        local.close(30)
+    assert waiting == (1, 0)  # the second waited outside the engine
+    assert (memory["planned_bytes"], memory["measured_bytes"], memory["in_use_bytes"]) == (
+        4 * MIB + 9 * (128 << 10), 7 * MIB, 7 * MIB)
+    assert results == [200, 200]
 
 
 def test_measured_growth_unloads_the_idle_model_that_the_plan_alone_would_keep() -> None:
