@@ -134,6 +134,7 @@ def test_a_request_the_measured_memory_holds_out_is_a_503_naming_the_numbers(tin
     with running(build_app(engine, ServeConfig(vocab_size=TINY_VOCAB))) as url:
         refused = complete(url)
         health = httpx.get(url + "/health").json()
+        metrics = httpx.get(url + "/metrics").text.splitlines()
     assert (refused.status_code, refused.headers.get("retry-after"), gauge.releases) == (503, "1", 1)
     assert refused.json()["error"]["message"] == (
         "the request's 1.1 MiB of KV does not fit in the memory budget beside what the process holds: the process holds "
@@ -142,6 +143,9 @@ def test_a_request_the_measured_memory_holds_out_is_a_503_naming_the_numbers(tin
     assert health["memory"] == {"budget_bytes": 8 * MIB, "planned_bytes": 4 * MIB, "measured_bytes": 7 * MIB,
                                 "unplanned_bytes": 3 * MIB, "in_use_bytes": 7 * MIB, "rss_bytes": 7 * MIB,
                                 "mlx_active_bytes": 6 * MIB, "mlx_cache_bytes": 0}
+    gauges = dict(line.split(" ") for line in metrics if line.startswith("mlxkv_memory_"))
+    assert {name: float(value) for name, value in gauges.items()} == {
+        f"mlxkv_memory_{name}": float(value) for name, value in health["memory"].items()}
 
 
 def test_letting_mlxs_buffer_cache_go_admits_the_request(tiny_local: LocalEngine) -> None:
