@@ -16,8 +16,8 @@ from mlxkv_serve import GenerateRequest, ModelUnavailableError, ServeEngine
 
 from mlxkv.engine.measured import MemoryGauge, MemoryStatus
 
-# What the default leaves to the OS, other processes and what the budget does not count
-# (activations, the tokenizer, Python): a quarter of the machine.
+# What the default leaves to the OS, other processes and what requests grow beyond their plan
+# between two admissions (memory is measured at admission only): a quarter of the machine.
 DEFAULT_SHARE = 0.75
 LIVE = ("queued", "running")  # a generation's status while its KV is planned
 Relief = Callable[[int], int]  # asked to give back about N bytes; returns the bytes it let go of
