@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from mlxkv_serve import FlushResult, GenerateRequest, GenerationHandle, ServeEngine
 from mlxkv_serve.engine import AdapterManaging, AdapterServing, CachedPrefix, PrefixLookup
 
+from mlxkv.engine.measured import MemoryStatus
 from mlxkv.engine.memory import LIVE, MemoryBudget, plan_kv, release_ram
 
 POLL_S = 0.05
@@ -35,7 +36,7 @@ class BudgetedEngine:
         planned = await plan_kv(self.budget, self.model_id, self.engine, request, resident=self.resident,
                                 kv_per_token=self.kv_per_token, context_length=self.context_length, in_use=self.in_use())
         deadline = time.monotonic() + self.wait_s
-        while not (status := self.budget.room(self.in_use(), planned, (self._release_ram,))).fits(planned):
+        while not (status := await self._room(planned)).fits(planned):
             if self.in_use() == self.resident:  # nothing running gives memory back by ending
                 raise self.budget.refuse_kv(planned, status, "beside what the process holds")
             if time.monotonic() > deadline:
@@ -59,6 +60,10 @@ class BudgetedEngine:
     def memory(self) -> Mapping[str, int | None]:
         """The budget, the plan and the process's measured memory (for /health)."""
         return self.budget.status(self.in_use()).as_json()
+
+    async def _room(self, planned: int) -> MemoryStatus:
+        # NOTE: off the event loop: letting MLX's cache go waits for the CPU streams' work in flight
+        return await asyncio.to_thread(self.budget.room, self.in_use(), planned, (self._release_ram,))
 
     def _release_ram(self, nbytes: int) -> int:
         return release_ram([self.engine], nbytes)

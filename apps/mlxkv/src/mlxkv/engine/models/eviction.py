@@ -65,7 +65,8 @@ class Eviction:
         requests' KV, unloading idle models first (up to `wait_s`, then a 503)."""
         residents, wait_s = self._residents, self._policy.wait_s
         deadline = residents.clock() + wait_s
-        while not (status := self.status(planned)).fits(planned):
+        # NOTE: off the event loop: letting MLX's cache go waits for the CPU streams' work in flight
+        while not (status := await asyncio.to_thread(self.status, planned)).fits(planned):
             victim = self.idle_victim(entry)
             if victim is not None:
                 await asyncio.get_running_loop().run_in_executor(None, residents.unload, victim, CLOSE_TIMEOUT_S)
