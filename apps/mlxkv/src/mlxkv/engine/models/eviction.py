@@ -32,7 +32,7 @@ class Eviction:
         """The loaded models' bytes and the KV their requests plan for."""
         return self._residents.resident() + self._residents.planned()
 
-    def status(self, more: int) -> MemoryStatus:
+    def room(self, more: int) -> MemoryStatus:
         """The budget's status for `more` planned bytes, after giving measured memory back."""
         return self.budget.room(self.in_use(), more, (self._release_ram,))
 
@@ -43,8 +43,9 @@ class Eviction:
         residents, wait_s = self._residents, self._policy.wait_s
         deadline = residents.clock() + wait_s
         while True:
+            self.room(need)  # gives measured memory back first; outside the lock, as it may wait for MLX
             with residents.lock:
-                status = self.status(need)
+                status = self.budget.status(self.in_use())
                 if residents.loaded_count() < self._policy.max_models and status.fits(need):
                     entry.reserved = need  # held from here until it is loaded (or failed)
                     return
@@ -66,7 +67,7 @@ class Eviction:
         residents, wait_s = self._residents, self._policy.wait_s
         deadline = residents.clock() + wait_s
         # NOTE: off the event loop: letting MLX's cache go waits for the CPU streams' work in flight
-        while not (status := await asyncio.to_thread(self.status, planned)).fits(planned):
+        while not (status := await asyncio.to_thread(self.room, planned)).fits(planned):
             victim = self.idle_victim(entry)
             if victim is not None:
                 await asyncio.get_running_loop().run_in_executor(None, residents.unload, victim, CLOSE_TIMEOUT_S)
