@@ -155,6 +155,22 @@ def test_letting_mlxs_buffer_cache_go_admits_the_request(tiny_local: LocalEngine
     assert (admitted.status_code, gauge.releases, gauge.reading) == (200, 1, reading_mib(6, active=5))
 
 
+def test_a_load_the_measured_memory_holds_out_with_nothing_to_unload_is_a_503_naming_the_numbers() -> None:
+    router = ModelRouter([ModelSpec("a", None), ModelSpec("b", None)], lambda spec: pytest.fail("loaded"),
+                         ModelPolicy(max_models=2), budget=MemoryBudget(8 * MIB, FedGauge(reading_mib(7.6, cache=0.1))),
+                         estimate=lambda spec: MIB)
+    try:
+        with running(build_app(router, ServeConfig(vocab_size=TINY_VOCAB))) as url:
+            refused = complete(url, "a")
+    finally:
+        router.close(30)
+    assert (refused.status_code, refused.headers.get("retry-after")) == (503, "1")
+    assert refused.json()["error"]["message"] == (
+        "the model 'a' needs about 1.0 MiB (weights and RAM prompt cache) and the memory budget is 8.0 MiB (--memory-budget); "
+        "the process holds 7.5 MiB (RSS 7.5 MiB, MLX active 0.0 MiB, MLX cache 0.0 MiB), planned 0.0 MiB and 7.5 MiB beyond "
+        "the plan")
+
+
 def test_a_request_waits_while_a_running_one_holds_memory_and_enters_once_the_process_shrinks() -> None:
     binding = make_tiny_binding("llama", binding_class=GatedBinding)
     assert isinstance(binding, GatedBinding)

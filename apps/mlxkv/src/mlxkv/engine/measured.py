@@ -102,14 +102,17 @@ class MemoryStatus:
 
     def describe(self) -> str:
         """The numbers, for an error message or a log line."""
-        planned = f"planned {_mb(self.planned_bytes)}"
         if self.reading is None:
-            return f"{planned} of the memory budget of {_mb(self.limit_bytes)} (--memory-budget)"
+            return f"planned {_mb(self.planned_bytes)} of the memory budget of {_mb(self.limit_bytes)} (--memory-budget)"
+        return f"{self.held()}, of the memory budget of {_mb(self.limit_bytes)} (--memory-budget)"
+
+    def held(self) -> str:
+        """What the process holds against the plan (a reading is needed)."""
         r = self.reading
+        assert r is not None, "held() describes a reading"
         rss = "not readable" if r.rss_bytes is None else _mb(r.rss_bytes)
         return (f"the process holds {_mb(r.used_bytes)} (RSS {rss}, MLX active {_mb(r.mlx_active_bytes)}, MLX cache "
-                f"{_mb(r.mlx_cache_bytes)}), {planned} and {_mb(self.unplanned_bytes)} beyond the plan, of the memory "
-                f"budget of {_mb(self.limit_bytes)} (--memory-budget)")
+                f"{_mb(r.mlx_cache_bytes)}), planned {_mb(self.planned_bytes)} and {_mb(self.unplanned_bytes)} beyond the plan")
 
     def as_json(self) -> dict[str, int | None]:
         """The figures /health shows."""

@@ -73,7 +73,7 @@ class MemoryBudget:
 
     def refuse_model(self, name: str, need: int, resident: int, status: MemoryStatus | None = None) -> ModelUnavailableError:
         other = f"; pinned or busy models hold {_mb(resident)}" if resident else ""
-        measured = f"; {status.describe()}" if status is not None and status.reading is not None else ""
+        measured = f"; {status.held()}" if status is not None and status.reading is not None else ""
         return ModelUnavailableError(f"the model {name!r} needs about {_mb(need)} (weights and RAM prompt cache) and the "
                                      f"memory budget is {_mb(self.limit_bytes)} (--memory-budget){other}{measured}",
                                      retry_after_s=1 if measured else None)
