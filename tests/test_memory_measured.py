@@ -23,6 +23,7 @@ from mlxkv.engine.models import LoadedModel, ModelPolicy, ModelRouter, ModelSpec
 from mlxkv_inference.prompt_cache import RamPromptCache
 from mlxkv_inference.prompt_cache.ram_tier import RamEntry
 from mlxkv_serve import ServeConfig, build_app
+from mlxkv_serve.engine import MemoryReporting
 from tests.bindings import GatedBinding
 from tests.factories import TINY_VOCAB, make_plain_caches, make_tiny_binding
 from tests.gauges import MIB, FedGauge, reading_mib
@@ -130,7 +131,7 @@ def budgeted(local: LocalEngine, gauge: MemoryGauge, limit: int = 8 * MIB) -> Bu
 def test_a_request_the_measured_memory_holds_out_is_a_503_naming_the_numbers(tiny_local: LocalEngine) -> None:
     gauge = FedGauge(reading_mib(8, active=6, cache=1))
     engine = budgeted(tiny_local, gauge)
-    assert isinstance(tiny_local, RamReleasing)
+    assert isinstance(tiny_local, RamReleasing) and isinstance(engine, MemoryReporting)
     with running(build_app(engine, ServeConfig(vocab_size=TINY_VOCAB))) as url:
         refused = complete(url)
         health = httpx.get(url + "/health").json()
@@ -217,6 +218,7 @@ def test_measured_growth_unloads_the_idle_model_that_the_plan_alone_would_keep()
     # planned: 1 MiB a model, 2 MiB for both, far under 8 MiB; measured: 7.5 MiB with one loaded, 8.5 with both
     router = ModelRouter([ModelSpec("a", None), ModelSpec("b", None)], load, ModelPolicy(max_models=2),
                          budget=MemoryBudget(8 * MIB, gauge), estimate=lambda spec: MIB)
+    assert isinstance(router, MemoryReporting)
     try:
         with running(build_app(router, ServeConfig(vocab_size=TINY_VOCAB))) as url:
             answers = [complete(url, "a").status_code, complete(url, "b").status_code]
