@@ -45,8 +45,12 @@ def test_health_reports_every_models_state_beside_the_one_model_fields(served: t
     url, _ = served
     assert complete(url, "a").status_code == 200
     health = httpx.get(url + "/health").json()
-    assert set(health) == {"status", "model", "cpu_kernels", "blas", "batch_exactness", "models"}
+    assert set(health) == {"status", "model", "cpu_kernels", "blas", "batch_exactness", "models", "memory"}
     assert (health["status"], health["model"]) == ("ok", "a")
+    # a budget without a gauge counts the plan alone: the loaded model, its request ended
+    assert health["memory"] == {"budget_bytes": 1 << 30, "planned_bytes": 1 << 20, "measured_bytes": None,
+                                "unplanned_bytes": 0, "in_use_bytes": 1 << 20, "rss_bytes": None, "mlx_active_bytes": None,
+                                "mlx_cache_bytes": None}
     assert health["models"] == [{"name": "a", "state": "loaded", "status": "ok", "pinned": False, "error": None},
                                 {"name": "b", "state": "unloaded", "status": None, "pinned": False, "error": None}]
 

@@ -16,11 +16,13 @@ import pytest
 from mlxkv.cli import build_parser
 from mlxkv.commands.options import runtime_info
 from mlxkv.commands.serve import build_engine, load_engine
+from mlxkv.engine.measured import PROCESS_MEMORY, MemoryGauge
 from mlxkv.engine.model_sources import parse_model_specs
 from mlxkv.engine.models import ModelSpec
 from mlxkv_inference import MlxAutoregressiveBinding
 from mlxkv_serve import ServeConfig, ServeEngine, build_app
 from tests.factories import make_tiny_binding
+from tests.gauges import FedGauge, reading_mib
 from tests.serving import running
 from tests.factories import save_mlx_lm_directory
 
@@ -42,10 +44,12 @@ def serve_args(*flags: str) -> argparse.Namespace:
 
 
 @contextmanager
-def serving(args: argparse.Namespace, binding: MlxAutoregressiveBinding | None = None) -> Iterator[tuple[str, ServeEngine]]:
-    """`mlxkv serve ARGS` in this process (`binding`: the one model, already loaded)."""
+def serving(args: argparse.Namespace, binding: MlxAutoregressiveBinding | None = None,
+            gauge: MemoryGauge = PROCESS_MEMORY) -> Iterator[tuple[str, ServeEngine]]:
+    """`mlxkv serve ARGS` in this process (`binding`: the one model, already loaded; `gauge`:
+    what the memory budget reads of the process)."""
     if binding is None:
-        engine, vocab_size, runtime = load_engine(args)
+        engine, vocab_size, runtime = load_engine(args, gauge)
     else:
         engine, vocab_size, runtime = build_engine(args, binding), binding.tokenizer.vocab_size, runtime_info(binding)
     try:
@@ -147,8 +151,9 @@ def test_one_model_over_the_budget_stops_the_server_before_it_loads() -> None:
 
 def test_a_request_whose_kv_could_never_fit_is_a_400_that_names_the_numbers(model_dirs: dict[str, Path]) -> None:
     # the tiny models' weights are ~0.1 MiB; 1 MiB leaves room for a few thousand tokens of their KV
+    # (in a process the gauge says holds 0.1 MiB: this process holds far more than 1 MiB)
     with serving(serve_args("--model", f"a={model_dirs['llama']}", "--model", f"b={model_dirs['qwen']}",
-                            "--memory-budget", "1M", "--prompt-cache-bytes", "0")) as (url, _):
+                            "--memory-budget", "1M", "--prompt-cache-bytes", "0"), gauge=FedGauge(reading_mib(0.1))) as (url, _):
         small = complete(url, "a")
         large = complete(url, "a", max_tokens=100_000)
     assert small.status_code == 200

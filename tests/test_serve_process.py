@@ -21,6 +21,8 @@ def test_sigterm_finishes_in_flight_work_flushes_the_cache_and_exits(tmp_path: P
         assert health["batch_exactness"] == "strict"  # the default
         if sys.platform == "linux":  # the CLI's defaults: the native kernels and the fixed-order sgemm shim
             assert health["cpu_kernels"].startswith("native (") and health["blas"].startswith("mlxkv-sgemm")
+            memory = health["memory"]  # the server's own process, measured
+            assert memory["rss_bytes"] > 0 and memory["in_use_bytes"] == max(memory["planned_bytes"], memory["measured_bytes"])
         body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 12}
         assert httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120).status_code == 200
         with httpx.stream("POST", server.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=120) as response:

@@ -7,7 +7,7 @@ import asyncio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from mlxkv_serve.engine import HealthReporting, ModelCatalog
+from mlxkv_serve.engine import HealthReporting, MemoryReporting, ModelCatalog
 from mlxkv_serve.errors import RequestError
 from mlxkv_serve.metrics import CONTENT_TYPE
 from mlxkv_serve.state import ServerState
@@ -20,6 +20,8 @@ async def health(request: Request) -> Response:
     status = state.engine.health() if isinstance(state.engine, HealthReporting) else "ok"
     body: dict[str, object] = {"status": status, "model": state.engine.model_id, "cpu_kernels": config.cpu_kernels,
                                "blas": config.blas, "batch_exactness": config.batch_exactness}
+    if isinstance(state.engine, MemoryReporting):  # the memory budget, the plan and the process's measured memory
+        body["memory"] = dict(state.engine.memory())
     if isinstance(state.engine, ModelCatalog):  # several models: each one's state and its own status
         body["models"] = [{"name": m.name, "state": m.state, "status": m.health, "pinned": m.pinned, "error": m.error}
                           for m in state.engine.models()]

@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mlxkv_serve import adapter_routes, admin_routes, anthropic_routes, cache_routes, openai_routes, responses_routes
 from mlxkv_serve.config import LOCAL_ORIGINS, ServeConfig
-from mlxkv_serve.engine import ServeEngine
+from mlxkv_serve.engine import MemoryReporting, ServeEngine
 from mlxkv_serve.errors import ClientGone, RequestError, error_response
 from mlxkv_serve.metrics import ServerMetrics
 from mlxkv_serve.responses_store import MemoryResponseStore, ResponseStore
@@ -52,7 +52,8 @@ TEMPLATED_PREFIXES = [r.path[: r.path.index("{")] for r in ROUTES if "{" in r.pa
 
 def build_app(engine: ServeEngine, config: ServeConfig, responses: ResponseStore | None = None) -> Starlette:
     """`responses`: where `store: true` responses are kept (default: in memory)."""
-    state = ServerState(engine, config, ServerMetrics(engine.cache_stats, engine.queue_depth, engine.batch_size))
+    state = ServerState(engine, config, ServerMetrics(engine.cache_stats, engine.queue_depth, engine.batch_size,
+                                                      engine.memory if isinstance(engine, MemoryReporting) else None))
     app = Starlette(
         routes=ROUTES,
         exception_handlers={RequestError: _request_error, ClientGone: _client_gone, HTTPException: _http_error,

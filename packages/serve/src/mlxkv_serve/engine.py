@@ -271,6 +271,15 @@ class HealthReporting(Protocol):
 
 
 @runtime_checkable
+class MemoryReporting(Protocol):
+    """An engine under a memory budget: the budget, what it planned and what the process holds."""
+
+    def memory(self) -> Mapping[str, int | None]:
+        """Byte counts by name (`budget_bytes`, `planned_bytes`, `measured_bytes`, ...; None: not measured)."""
+        ...
+
+
+@runtime_checkable
 class AdapterServing(Protocol):
     """An engine with adapters a request can select (`/v1/models` lists them as `<model id>:NAME`)."""
 

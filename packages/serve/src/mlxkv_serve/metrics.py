@@ -1,5 +1,5 @@
 """Prometheus metrics: requests, disconnects, failures, queue depth, batch size, tokens, speculative drafts, time to
-first token, the prompt cache tiers."""
+first token, the prompt cache tiers, the memory budget."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 class ServerMetrics:
     def __init__(self, cache_stats: Callable[[], Mapping[str, int | float]], queue_depth: Callable[[], int],
-                 batch_size: Callable[[], int]) -> None:
+                 batch_size: Callable[[], int], memory: Callable[[], Mapping[str, int | None]] | None = None) -> None:
+        """`memory`: the memory budget's figures (`MemoryReporting.memory`), where the engine has one."""
         self.registry = CollectorRegistry()
         self.requests = Counter("mlxkv_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=self.registry)
         self.disconnects = Counter("mlxkv_client_disconnects", "requests the client abandoned before the answer was sent",
@@ -36,6 +37,8 @@ class ServerMetrics:
         self.ttft = Histogram("mlxkv_time_to_first_token_seconds", "time from request to first token", registry=self.registry,
                               buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))
         self.registry.register(_CacheCollector(cache_stats))
+        if memory is not None:
+            self.registry.register(_MemoryCollector(memory))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -53,6 +56,26 @@ class _CacheCollector:
             family = GaugeMetricFamily(f"mlxkv_cache_{name}", f"prompt cache: {name.replace('_', ' ')}")
             family.add_metric([], float(value))
             families.append(family)
+        return families
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []
+
+
+class _MemoryCollector:
+    """Exposes the memory budget, the plan and the process's measured memory at scrape time
+    (a figure not measured is left out)."""
+
+    def __init__(self, memory: Callable[[], Mapping[str, int | None]]) -> None:
+        self._memory = memory
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        families = []
+        for name, value in sorted(self._memory().items()):
+            if value is not None:
+                family = GaugeMetricFamily(f"mlxkv_memory_{name}", f"memory budget: {name.replace('_', ' ')}")
+                family.add_metric([], float(value))
+                families.append(family)
         return families
 
     def describe(self) -> list[GaugeMetricFamily]:

@@ -33,6 +33,7 @@ from mlxkv.commands.options import (
 from mlxkv.commands.serve_models import add_models_options, build_router, memory_budget, several_models
 from mlxkv.engine.budgeted import BudgetedEngine
 from mlxkv.engine.cache_services import build_tiers, token_kv_bytes
+from mlxkv.engine.measured import PROCESS_MEMORY, MemoryGauge
 from mlxkv.engine.memory import weights_on_disk
 from mlxkv.engine.model_sources import is_hub_id, resolve_source
 from mlxkv.engine.local_engine import DEFAULT_MAX_QUEUE, LocalEngine
@@ -160,12 +161,13 @@ def run(args: argparse.Namespace) -> int:
     os._exit(0 if server.started else 1)
 
 
-def load_engine(args: argparse.Namespace) -> tuple[ServeEngine, int, dict[str, str]]:
+def load_engine(args: argparse.Namespace, gauge: MemoryGauge = PROCESS_MEMORY) -> tuple[ServeEngine, int, dict[str, str]]:
     """The engine, the vocabulary size requests are checked against, and the runtime for /health:
-    one model loaded now, or several behind a router that loads each on demand."""
+    one model loaded now, or several behind a router that loads each on demand. `gauge` reads
+    the process's memory for the budget."""
     specs = several_models(args)
     if specs is not None:
-        router = build_router(args, specs)
+        router = build_router(args, specs, gauge)
         try:
             router.load_pinned()
         except RuntimeError:
@@ -176,14 +178,14 @@ def load_engine(args: argparse.Namespace) -> tuple[ServeEngine, int, dict[str, s
     check_unbound(args.adapter)
     source = args.model[0] if args.model else None
     path = resolve_source(source)
-    memory_budget(args).check_model(source or EMBEDDED_MODEL_ID, weights_on_disk(path or embedded_model_path()),
-                                    args.prompt_cache_bytes)
+    budget = memory_budget(args, gauge)
+    budget.check_model(source or EMBEDDED_MODEL_ID, weights_on_disk(path or embedded_model_path()), args.prompt_cache_bytes)
     binding = load_binding(path, kv_scheme_from(args), cpu_kernels_from(args), digest_memo=weights_digest_memo(),
                            model_id=source if source and is_hub_id(source) else None)
     apply_batch_exactness(args, binding)
     engine = build_engine(args, binding)
     load_adapters(args, engine.adapters)
-    budgeted = BudgetedEngine(engine, memory_budget(args), resident=weights_on_disk(path or embedded_model_path())
+    budgeted = BudgetedEngine(engine, budget, resident=weights_on_disk(path or embedded_model_path())
                               + args.prompt_cache_bytes, kv_per_token=token_kv_bytes(binding), context_length=engine.context_length)
     return budgeted, binding.tokenizer.vocab_size, runtime_info(binding)
 

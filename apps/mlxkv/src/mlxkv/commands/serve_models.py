@@ -12,6 +12,7 @@ from mlxkv_inference.models.embedded import embedded_model_path
 from mlxkv.commands.adapter_options import AdapterOption, allowed_adapter_dirs, bind_adapters, load_adapters
 from mlxkv.commands.options import apply_batch_exactness, cpu_kernels_from, kv_scheme_from
 from mlxkv.engine.cache_services import token_kv_bytes
+from mlxkv.engine.measured import MemoryGauge
 from mlxkv.engine.memory import MemoryBudget, default_memory_budget, weights_on_disk
 from mlxkv.engine.model_sources import discover_cached, hub_offline, is_hub_id, parse_model_specs, resolve_source
 from mlxkv.engine.models import BoundAdapter, LoadedModel, ModelPolicy, ModelRouter, ModelSpec
@@ -34,10 +35,12 @@ def add_models_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--model-ttl", type=float, default=0.0, metavar="SECONDS",
                        help="with several models: unload a model idle for SECONDS (default: 0, never)")
     group.add_argument("--memory-budget", type=parse_size, default=None, metavar="SIZE",
-                       help="memory the loaded model(s) (weights and RAM prompt cache) and the running requests' KV (prompt + "
-                       "max_tokens each) may plan for together; a load over it unloads idle models or gets 503, a request "
-                       "over it waits, or gets 400 when it could never fit (default: three quarters of RAM, here "
-                       f"{default_memory_budget() >> 20} MiB)")
+                       help="memory the process may hold: the loaded model(s) (weights and RAM prompt cache) and the running "
+                       "requests' KV (prompt + max_tokens each) are planned against it, and what the process really holds "
+                       "(RSS, MLX's buffers) counts where it is more than planned. Over it, MLX's buffer cache and the RAM "
+                       "prompt cache are let go first; a load then unloads idle models or gets 503, a request waits for "
+                       "running ones or gets 503 naming the numbers, or 400 when its KV could never fit; /health shows the "
+                       f"figures (default: three quarters of RAM, here {default_memory_budget() >> 20} MiB)")
 
 
 def several_models(args: argparse.Namespace) -> list[ModelSpec] | None:
@@ -59,11 +62,12 @@ def several_models(args: argparse.Namespace) -> list[ModelSpec] | None:
     return specs
 
 
-def memory_budget(args: argparse.Namespace) -> MemoryBudget:
-    return MemoryBudget(args.memory_budget if args.memory_budget is not None else default_memory_budget())
+def memory_budget(args: argparse.Namespace, gauge: MemoryGauge) -> MemoryBudget:
+    """--memory-budget against the plan and what `gauge` reads of the process."""
+    return MemoryBudget(args.memory_budget if args.memory_budget is not None else default_memory_budget(), gauge)
 
 
-def build_router(args: argparse.Namespace, specs: list[ModelSpec]) -> ModelRouter:
+def build_router(args: argparse.Namespace, specs: list[ModelSpec], gauge: MemoryGauge) -> ModelRouter:
     """The router over `specs`: each model's RAM tier gets an equal share of --prompt-cache-bytes
     among the --max-models loaded at once, its SSD store an equal share of --ssd-cache-max."""
     from mlxkv.commands.serve import build_engine  # serve imports this module
@@ -100,4 +104,4 @@ def build_router(args: argparse.Namespace, specs: list[ModelSpec]) -> ModelRoute
 
     policy = ModelPolicy(max_models, pinned=tuple(args.pin), default=args.default_model, ttl_s=args.model_ttl,
                          adapter_dirs=allowed_adapter_dirs(args))
-    return ModelRouter(specs, load, policy, budget=memory_budget(args), estimate=estimate, discover=discover_cached)
+    return ModelRouter(specs, load, policy, budget=memory_budget(args, gauge), estimate=estimate, discover=discover_cached)

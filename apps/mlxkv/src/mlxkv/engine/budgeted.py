@@ -1,6 +1,8 @@
 """`BudgetedEngine`: a one-model server's engine under the memory budget. A request whose planned
 KV could never fit beside the model is refused (400); one that fits once running requests end
-waits for them (then 503 after `wait_s`)."""
+waits for them (then 503 after `wait_s`). Measured memory beyond the plan counts too: MLX's
+buffer cache and the RAM tier give it back first; when it still stands in the way and no running
+request will end to free memory, the request gets a 503 now, with the numbers."""
 
 from __future__ import annotations
 
@@ -8,10 +10,11 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 
-from mlxkv_serve import FlushResult, GenerateRequest, GenerationHandle, ModelUnavailableError, ServeEngine
+from mlxkv_serve import FlushResult, GenerateRequest, GenerationHandle, ServeEngine
 from mlxkv_serve.engine import AdapterManaging, AdapterServing, CachedPrefix, PrefixLookup
 
-from mlxkv.engine.memory import LIVE, MemoryBudget, plan_kv
+from mlxkv.engine.measured import MemoryStatus
+from mlxkv.engine.memory import LIVE, MemoryBudget, plan_kv, release_ram
 
 POLL_S = 0.05
 DEFAULT_WAIT_S = 300.0
@@ -33,10 +36,11 @@ class BudgetedEngine:
         planned = await plan_kv(self.budget, self.model_id, self.engine, request, resident=self.resident,
                                 kv_per_token=self.kv_per_token, context_length=self.context_length, in_use=self.in_use())
         deadline = time.monotonic() + self.wait_s
-        while not self.budget.fits(self.in_use() + planned):
+        while not (status := await self._room(planned)).fits(planned):
+            if self.in_use() == self.resident:  # nothing running gives memory back by ending
+                raise self.budget.refuse_kv(planned, status, "beside what the process holds")
             if time.monotonic() > deadline:
-                raise ModelUnavailableError(f"the request's KV did not fit in the memory budget within {self.wait_s:.0f} s "
-                                            "(other requests hold it)", retry_after_s=1)
+                raise self.budget.refuse_kv(planned, status, f"within {self.wait_s:.0f} s (other requests hold it)")
             await asyncio.sleep(POLL_S)
         self._entering += planned  # held from the check on: no other request takes the same room
         try:
@@ -52,6 +56,17 @@ class BudgetedEngine:
         for generation_id in [g for g in self._planned if (state(g) or {}).get("status") not in LIVE]:
             del self._planned[generation_id]
         return self.resident + self._entering + sum(self._planned.values())
+
+    def memory(self) -> Mapping[str, int | None]:
+        """The budget, the plan and the process's measured memory (for /health)."""
+        return self.budget.status(self.in_use()).as_json()
+
+    async def _room(self, planned: int) -> MemoryStatus:
+        # NOTE: off the event loop: letting MLX's cache go waits for the CPU streams' work in flight
+        return await asyncio.to_thread(self.budget.room, self.in_use(), planned, (self._release_ram,))
+
+    def _release_ram(self, nbytes: int) -> int:
+        return release_ram([self.engine], nbytes)
 
     async def count_tokens(self, request: GenerateRequest) -> int:
         return await self.engine.count_tokens(request)

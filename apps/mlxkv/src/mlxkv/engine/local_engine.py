@@ -182,6 +182,10 @@ class LocalEngine:
     def cache_stats(self) -> Mapping[str, int | float]:
         return self._report.cache_stats()
 
+    def release_ram(self, nbytes: int) -> int:
+        """Evict about `nbytes` of the RAM prompt tier (memory pressure); the SSD keeps its copies."""
+        return self.tiers.ram.release(nbytes) if self.tiers is not None else 0
+
     def health(self) -> str:
         """"ok", or "degraded" while the shared cache tier does not answer (requests are served cold)."""
         return self._report.health()

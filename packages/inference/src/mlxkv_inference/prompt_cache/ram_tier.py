@@ -91,6 +91,19 @@ class RamPromptCache:
                 self._on_evict(old)
         return True
 
+    def release(self, nbytes: int) -> int:
+        """Evict least recently used entries until about `nbytes` have left (memory pressure; each
+        is handed to `on_evict` as on a put, so a state not yet durable is written first). Returns
+        the bytes evicted."""
+        with self._lock:
+            held = self._index.nbytes
+            evicted = [e.value for e in self._index.evict_to(max(0, held - nbytes))]
+            self.evictions += len(evicted)
+        for old in evicted:
+            if self._on_evict is not None:
+                self._on_evict(old)
+        return sum(e.nbytes for e in evicted)
+
     def mark_durable(self, tokens: Sequence[int], ns: str) -> None:
         with self._lock:
             entry = self._index.get((ns, tuple(tokens)))

@@ -1,6 +1,7 @@
 """Room for a model or a request: the least recently used idle model that is not pinned unloads
 until a load fits in `max_models` and the memory budget, or a request's KV fits in the budget; a
-model idle for `ttl_s` unloads on its own (`TtlReaper`)."""
+model idle for `ttl_s` unloads on its own (`TtlReaper`). With a measuring budget, memory beyond
+the plan is given back first (MLX's buffer cache, the loaded models' RAM tiers)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from concurrent.futures import Executor
 
 from mlxkv_serve import ModelUnavailableError
 
-from mlxkv.engine.memory import MemoryBudget
+from mlxkv.engine.measured import MemoryStatus
+from mlxkv.engine.memory import MemoryBudget, release_ram
 from mlxkv.engine.models.residents import ModelEntry, Residents
 from mlxkv.engine.models.specs import ModelPolicy
 
@@ -30,6 +32,10 @@ class Eviction:
         """The loaded models' bytes and the KV their requests plan for."""
         return self._residents.resident() + self._residents.planned()
 
+    def room(self, more: int) -> MemoryStatus:
+        """The budget's status for `more` planned bytes, after giving measured memory back."""
+        return self.budget.room(self.in_use(), more, (self._release_ram,))
+
     def room_for_model(self, entry: ModelEntry, need: int) -> None:
         """On the loader thread: unload idle models, least recently used first, until a load of
         `need` bytes fits; wait for busy ones (up to `wait_s`); raise `ModelUnavailableError`
@@ -37,13 +43,16 @@ class Eviction:
         residents, wait_s = self._residents, self._policy.wait_s
         deadline = residents.clock() + wait_s
         while True:
+            self.room(need)  # gives measured memory back first; outside the lock, as it may wait for MLX
             with residents.lock:
-                if residents.loaded_count() < self._policy.max_models and self.budget.fits(self.in_use() + need):
+                status = self.budget.status(self.in_use())
+                if residents.loaded_count() < self._policy.max_models and status.fits(need):
+                    entry.reserved = need  # held from here until it is loaded (or failed)
                     return
                 victim = self.idle_victim(entry)
                 if victim is None and not residents.planned() and not any(
                         e is not entry and e.loaded is not None and not e.pinned for e in residents.entries()):
-                    raise self.budget.refuse_model(entry.name, need, residents.resident())
+                    raise self.budget.refuse_model(entry.name, need, residents.resident(), status)
             if victim is not None:
                 residents.unload(victim, CLOSE_TIMEOUT_S)
             elif residents.clock() > deadline:
@@ -57,15 +66,20 @@ class Eviction:
         requests' KV, unloading idle models first (up to `wait_s`, then a 503)."""
         residents, wait_s = self._residents, self._policy.wait_s
         deadline = residents.clock() + wait_s
-        while not self.budget.fits(self.in_use() + planned):
+        # NOTE: off the event loop: letting MLX's cache go waits for the CPU streams' work in flight
+        while not (status := await asyncio.to_thread(self.room, planned)).fits(planned):
             victim = self.idle_victim(entry)
             if victim is not None:
                 await asyncio.get_running_loop().run_in_executor(None, residents.unload, victim, CLOSE_TIMEOUT_S)
+            elif not residents.planned():  # nothing running gives memory back by ending
+                raise self.budget.refuse_kv(planned, status, "beside the loaded models and what the process holds")
             elif residents.clock() > deadline:
-                raise ModelUnavailableError(f"the request's KV did not fit in the memory budget within {wait_s:.0f} s "
-                                            "(other requests hold it)", retry_after_s=1)
+                raise self.budget.refuse_kv(planned, status, f"within {wait_s:.0f} s (other requests hold it)")
             else:
                 await asyncio.sleep(POLL_S)
+
+    def _release_ram(self, nbytes: int) -> int:
+        return release_ram(self._residents.engines(), nbytes)
 
     def idle_victim(self, entry: ModelEntry) -> ModelEntry | None:
         """The least recently used loaded model, other than `entry`, that is idle and not pinned."""

@@ -32,6 +32,7 @@ class ModelEntry:
     entering: int = 0  # requests between choosing this model and its engine holding them
     entering_kv: int = 0  # the planned KV of those past the budget check
     planned: dict[str, int] = field(default_factory=dict)  # generation id -> planned KV bytes
+    reserved: int = 0  # the bytes a load under way was given room for
 
     @property
     def name(self) -> str:
@@ -93,6 +94,7 @@ class Residents:
     def set_loaded(self, entry: ModelEntry, loaded: LoadedModel | None, error: str | None) -> None:
         with self.lock:
             entry.loaded, entry.loading, entry.error, entry.last_used = loaded, None, error, self.clock()
+            entry.reserved = 0
 
     def unload(self, entry: ModelEntry, timeout: float) -> None:
         """Close `entry`'s engine: its write-behind is flushed, so what it cached stays on the SSD."""
@@ -114,9 +116,9 @@ class Residents:
             return sum(1 for e in self._entries.values() if e.loaded is not None)
 
     def resident(self) -> int:
-        """The bytes the loaded models hold (weights and RAM tier caps)."""
+        """The bytes the loaded models hold (weights and RAM tier caps), and those being loaded will."""
         with self.lock:
-            return sum(e.loaded.resident_bytes for e in self._entries.values() if e.loaded is not None)
+            return sum(e.loaded.resident_bytes if e.loaded is not None else e.reserved for e in self._entries.values())
 
     def planned(self) -> int:
         """The KV bytes the models' running requests and those on their way plan for."""

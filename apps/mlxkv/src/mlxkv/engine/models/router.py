@@ -159,6 +159,10 @@ class ModelRouter:
     def generation_state(self, generation_id: str) -> Mapping[str, object] | None:
         return next((s for e in self._residents.engines() if (s := e.generation_state(generation_id)) is not None), None)
 
+    def memory(self) -> Mapping[str, int | None]:
+        """The budget, the plan (every loaded model and its requests) and the process's measured memory."""
+        return self._eviction.budget.status(self._eviction.in_use()).as_json()
+
     def health(self) -> str:
         return "degraded" if "degraded" in [_health(e) for e in self._residents.engines()] else "ok"
 
