@@ -37,9 +37,10 @@ class RowsCostAStep(StepCosts):
         return float(rows)
 
 
-def tiny(native: bool) -> MlxAutoregressiveBinding:
-    """A tiny llama: float32 through MLX, or the server's native kernels on 4-bit weights."""
-    binding = make_tiny_binding("llama", seed=4, native=native)
+def tiny(native: bool, kind: str = "llama") -> MlxAutoregressiveBinding:
+    """A tiny llama (or Gemma 3, whose 8-token sliding windows the generations run past): float32
+    through MLX, or the server's native kernels on 4-bit weights."""
+    binding = make_tiny_binding(kind, seed=4, native=native)
     binding.step_costs = RowsCostAStep()
     return binding
 
@@ -85,9 +86,10 @@ def run_batch(binding: MlxAutoregressiveBinding, generations: list[Generation], 
     return scheduler
 
 
+@pytest.mark.parametrize("kind", ["llama", "gemma3_text"])
 @pytest.mark.parametrize("native", [False, True], ids=["float32", "4bit-native"])
-def test_pipelined_steps_give_every_sequence_its_tokens_and_caches_alone(native: bool) -> None:
-    binding = tiny(native)
+def test_pipelined_steps_give_every_sequence_its_tokens_and_caches_alone(native: bool, kind: str) -> None:
+    binding = tiny(native, kind)
     rows = specs(binding)
     alone = [run_alone(binding, spec) for spec in rows]
     assert alone[3].result is not None and alone[3].result.finish_reason == "stop"
@@ -104,8 +106,9 @@ def test_pipelined_steps_give_every_sequence_its_tokens_and_caches_alone(native:
         assert all(mx.array_equal(a, b).item() for a, b in zip(states(got.caches), states(want.caches), strict=True))
 
 
-def test_a_generation_cancelled_with_a_token_in_flight_drops_it_and_the_others_go_on() -> None:
-    binding = tiny(True)
+@pytest.mark.parametrize("kind", ["llama", "gemma3_text"])
+def test_a_generation_cancelled_with_a_token_in_flight_drops_it_and_the_others_go_on(kind: str) -> None:
+    binding = tiny(True, kind)
     rows = specs(binding)[:3]
     generations = [Generation(binding, *spec) for spec in rows]
     run_batch(binding, generations, cancel=generations[0])

@@ -37,17 +37,22 @@ from tools.bench_generate import cpu_model  # noqa: E402
 from tools.bench_sampler import PROMPTS  # noqa: E402
 
 
-def run(scheduler: BatchScheduler, prompts: list[list[int]], params: GenerationParams) -> tuple[float, float, list[tuple[int, ...]]]:
-    """(aggregate tok/s, CPU cores busy, every sequence's tokens) of `prompts` stepped together."""
+def run(scheduler: BatchScheduler, prompts: list[list[int]], params: GenerationParams,
+        decode_only: bool = False) -> tuple[float, float, list[tuple[int, ...]]]:
+    """(aggregate tok/s, CPU cores busy, every sequence's tokens) of `prompts` stepped together;
+    `decode_only`: counted from the first step after every prompt has prefilled."""
     generations = [Generation(scheduler.binding, prompt, params) for prompt in prompts]
     for generation in generations:
         scheduler.add(generation)
+    while decode_only and (len(scheduler.running) < len(generations) or any(g.prefilling for g in scheduler.running)):
+        scheduler.step()
+    before = sum(g.produced for g in generations)
     wall, cpu = time.perf_counter(), time.process_time()
     while scheduler.running:
         scheduler.step()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     tokens = [g.result.token_ids for g in generations if g.result is not None]
-    return sum(map(len, tokens)) / wall, cpu / wall, tokens
+    return (sum(map(len, tokens)) - before) / wall, cpu / wall, tokens
 
 
 def timeline(binding: MlxAutoregressiveBinding, prompts: list[list[int]], params: GenerationParams,
@@ -91,6 +96,10 @@ def main() -> None:
                              "its prompts are the requests as raw text) (default: the embedded model)")
     parser.add_argument("--no-speculation", action="store_true",
                         help="plain steps only (default: prompt lookup, the server's default)")
+    parser.add_argument("--prompt-tokens", type=int, default=0, metavar="N",
+                        help="lengthen each prompt to N tokens (its text repeated; Gemma 3: N > 512 decodes past its "
+                             "sliding window); tok/s then count from when every prompt has prefilled "
+                             "(default: the requests as they are, tok/s from the start)")
     parser.add_argument("--per-row", action="store_true",
                         help="also run the batch with a graph per row (what the scheduler falls back to where rows "
                              "cannot be stacked), for comparison")
@@ -100,8 +109,12 @@ def main() -> None:
     binding = load_binding(model, cpu_kernels=default_cpu_kernels())
     binding.warm_up(compiled=True, rows=STEP_MAX_ROWS)
     requests = [PROMPTS[i % len(PROMPTS)] for i in range(args.sequences)]
+    if args.prompt_tokens:
+        requests = [" ".join([f"({i})", *[r] * (args.prompt_tokens // 4 + 1)]) for i, r in enumerate(requests)]
     prompts = [binding.tokenizer.encode(r) if base else encode_chat(binding.tokenizer, [{"role": "user", "content": r}]).tokens
                for r in requests]
+    if args.prompt_tokens:
+        prompts = [p[: args.prompt_tokens] for p in prompts]
     print(f"{binding.model_id}; cpu {cpu_model()}; load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     barred = {token: -100.0 for token in binding.eos_token_ids}
     params = GenerationParams(max_tokens=args.max_tokens, sampling=SamplingParams(logit_bias=barred),
@@ -119,12 +132,14 @@ def main() -> None:
         for mode, pipelined in modes.items():
             # the scheduler asks the binding whether rows stack; "graph per row" answers no
             setattr(binding, "can_decode_batch", (lambda *a, **k: False) if mode == "graph per row" else stacks)
-            tps, cores, tokens = run(BatchScheduler(binding, max_batch=args.sequences, pipelined=pipelined), prompts, params)
+            tps, cores, tokens = run(BatchScheduler(binding, max_batch=args.sequences, pipelined=pipelined), prompts, params,
+                                     decode_only=bool(args.prompt_tokens))
             if expected and tokens != expected:
                 raise AssertionError(f"{mode} steps changed a sequence's tokens")
             expected = tokens
             results[mode].append((tps, cores))
-    alone = statistics.median(run(BatchScheduler(binding, max_batch=1), prompts[:1], params)[0] for _ in range(3))
+    alone = statistics.median(run(BatchScheduler(binding, max_batch=1), prompts[:1], params, bool(args.prompt_tokens))[0]
+                              for _ in range(3))
     print(f"{args.sequences} sequences x {args.max_tokens} tokens, greedy, "
           f"{'no speculation' if args.no_speculation else 'prompt lookup'}; cpu kernels {binding.cpu_kernels}; "
           f"medians of {args.repeats}")

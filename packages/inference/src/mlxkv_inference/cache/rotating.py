@@ -40,6 +40,9 @@ class RotatingKVCache(DenseBuffers):
         self._after_multi_write = False
         self._round: tuple[int, int, tuple[mx.array, mx.array] | None] | None = None  # (rows, offset, new keys/values)
         self.round_gather = mx.array(0)  # an open full-ring round's (rows, window) picks (`ring_rounds.row_gather`)
+        # Single-step writes on a full ring that `take_back` can undo: (offset, index before, cell, old key, value).
+        self._undo: list[tuple[int, int, int, mx.array, mx.array]] = []
+        self._arm = False  # log the next single-step write (a pipelined step's: `RunAhead`)
 
     # -- mlx-lm cache interface -------------------------------------------------------------
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
@@ -251,6 +254,33 @@ class RotatingKVCache(DenseBuffers):
         self.offset = start + rows
         return mx.concatenate([self.keys, keys], axis=2), taken.reshape(heads, rows, length, dim).transpose(1, 0, 2, 3)
 
+    # -- pipelined steps on a full ring ----------------------------------------------------
+    @property
+    def steady_ring(self) -> bool:
+        """Whether the ring is full and holds exactly the window (its single steps can be taken back)."""
+        return self.keys is not None and self.offset >= self.max_size and self.keys.shape[2] == self.max_size
+
+    def arm_undo(self) -> None:
+        """Log the next single-step write, so that `take_back` can undo it on a full ring."""
+        self._arm = True
+
+    def keep_undo(self, newest: int) -> None:
+        """Forget all but the `newest` logged writes (the older ones stay for good)."""
+        del self._undo[: max(len(self._undo) - newest, 0)]
+
+    def take_back(self, n: int) -> bool:
+        """Undo the last `n` single-step writes, each cell written back with what it held; False
+        (nothing done) where fewer were logged (the caller trims)."""
+        if n < 1 or n > len(self._undo):
+            return False
+        for offset, index, cell, key, value in reversed(self._undo[-n:]):
+            assert self.keys is not None and self.values is not None
+            self.keys[..., cell : cell + 1, :] = key
+            self.values[..., cell : cell + 1, :] = value
+            self.offset, self._idx = offset, index
+        self._undo.clear()
+        return True
+
     def _make_room(self, rows: int) -> None:
         """Grow the buffer (by `step`s, up to the window) until `rows` more positions fit at the offset."""
         assert self.keys is not None and self.values is not None
@@ -283,9 +313,15 @@ class RotatingKVCache(DenseBuffers):
             self._idx = self.keep
 
     def _update_in_place(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        logged = self._arm and self.steady_ring and keys.shape[2] == 1
+        before = (self.offset, self._idx)
+        self._arm = False
         self._prepare_in_place(keys, values)
         assert self.keys is not None and self.values is not None
         n = keys.shape[2]
+        if logged:  # the cell's old key and value, lazily: read before the write below
+            cell = self._idx
+            self._undo.append((*before, cell, self.keys[..., cell : cell + 1, :], self.values[..., cell : cell + 1, :]))
         self.keys[..., self._idx : self._idx + n, :] = keys
         self.values[..., self._idx : self._idx + n, :] = values
         self.offset += n

@@ -44,6 +44,14 @@ def round_fits(caches: Sequence[LayerCache], positions: int, kv_scheme: KvScheme
     return max(fits, 1)
 
 
+def can_take_back(caches: Sequence[LayerCache], kv_scheme: KvScheme) -> bool:
+    """Whether the caches can drop the next single token fed to them again (a pipelined step's,
+    where the generation ends on the token before it): trimmed, or on a full sliding-window ring
+    written back (`RotatingKVCache.take_back`)."""
+    others = [c for c in caches if not (isinstance(c, RotatingKVCache) and c.steady_ring)]
+    return round_fits(others, 2, kv_scheme) >= 2
+
+
 class Round:
     """One open round over a sequence's caches: `begin` before its forward, `keep(n)` after.
     `replay`: recurrent layers may record how to feed kept positions again by themselves."""

@@ -250,6 +250,11 @@ class Generation:
         """The stop string that ended the generation, if one did."""
         return self._seq.detokenizer.stop_string
 
+    @property
+    def produced(self) -> int:
+        """Tokens produced so far (read: a pipelined step's tokens in flight are not yet)."""
+        return self._seq.emitted
+
     def fed_tokens(self) -> list[int]:
         """The tokens the caches hold now: the prompt and the generated tokens fed so far."""
         return self._seq.fed_tokens()

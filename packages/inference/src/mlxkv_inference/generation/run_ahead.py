@@ -1,5 +1,6 @@
 """Pipelined steps for one sequence: its next token fed before the one in flight is read (see
-`BatchScheduler`), and the tokens in flight dropped again where the sequence ends on one."""
+`BatchScheduler`), and the tokens in flight dropped again where the sequence ends on one (trimmed,
+or on a full sliding-window ring, each cell written back: `RotatingKVCache.take_back`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections.abc import Callable
 import mlx.core as mx
 
 from mlxkv_inference.binding import MlxAutoregressiveBinding
-from mlxkv_inference.cache.rounds import round_fits
+from mlxkv_inference.cache.rotating import RotatingKVCache
+from mlxkv_inference.cache.rounds import can_take_back
 from mlxkv_inference.generation.checkpoints import CheckpointSchedule
 from mlxkv_inference.generation.drafting import Drafting
 from mlxkv_inference.generation.loop import Ahead, SequenceRun, TokenStep
@@ -32,6 +34,10 @@ class RunAhead:
         self._take = take
         self._ahead: deque[Ahead] = deque()
 
+    @property
+    def _rings(self) -> list[RotatingKVCache]:
+        return [c for c in self._sequence.caches if isinstance(c, RotatingKVCache)]
+
     def __len__(self) -> int:
         return len(self._ahead)
 
@@ -49,7 +55,7 @@ class RunAhead:
             return False
         if self._drafting.would_draft_ahead(self.produced, sequences):
             return False
-        return round_fits(seq.caches, 2, self._binding.kv_scheme) >= 2
+        return can_take_back(seq.caches, self._binding.kv_scheme)
 
     @property
     def ends(self) -> bool:
@@ -66,6 +72,8 @@ class RunAhead:
         one drawn, read or not. The speculator counts the step as a plain one, as it would a
         plain step's (prompt lookup guesses the token read next)."""
         self._drafting.plain_ahead(self.produced, sequences)
+        for cache in self._rings:  # the step writes it into full rings where `land` can take it back
+            cache.arm_undo()
         return self._run.decode_input()
 
     def draw(self, logits: mx.array) -> list[mx.array]:
@@ -78,6 +86,8 @@ class RunAhead:
     def read(self) -> list[TextDelta]:
         """Read the oldest token in flight and take it (as a plain step's)."""
         step = self._run.read(self._ahead.popleft())
+        for cache in self._rings:  # the write of the token read is for good; those of the ones in flight are not
+            cache.keep_undo(len(self._ahead))
         deltas = self._take(step)
         if self._checkpoints.pending:  # `may_run` kept every later token unfed
             assert not self._ahead, "a checkpoint needs the caches to hold exactly the tokens before it"
@@ -91,6 +101,7 @@ class RunAhead:
         if not self._ahead:
             return
         for cache in self._sequence.caches:
-            cache.trim(len(self._ahead))
+            if not (isinstance(cache, RotatingKVCache) and cache.take_back(len(self._ahead))):
+                cache.trim(len(self._ahead))
         self._run.retreat(self._ahead[0])
         self._ahead.clear()
