@@ -69,7 +69,7 @@ def row_attention(original: Attention) -> Attention:
             return _rows(queries, keys, values, cache.round_gather, scale)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
-    attention.row_rounds = True  # type: ignore[attr-defined]  # marks a module already patched
+    setattr(attention, "row_rounds", True)  # marks a module already patched
     return attention
 
 
