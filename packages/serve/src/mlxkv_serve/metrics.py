@@ -36,44 +36,29 @@ class ServerMetrics:
                                        registry=self.registry)
         self.ttft = Histogram("mlxkv_time_to_first_token_seconds", "time from request to first token", registry=self.registry,
                               buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))
-        self.registry.register(_CacheCollector(cache_stats))
+        self.registry.register(_GaugeCollector("cache", "prompt cache", cache_stats))
         if memory is not None:
-            self.registry.register(_MemoryCollector(memory))
+            self.registry.register(_GaugeCollector("memory", "memory budget", memory))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
-class _CacheCollector:
-    """Exposes the engine's cache stats (hits per tier, bytes per tier, ...) at scrape time."""
+class _GaugeCollector:
+    """Exposes a mapping of figures as gauges `mlxkv_<prefix>_<name>` at scrape time (the engine's
+    cache stats: hits and bytes per tier; the memory budget, the plan and the process's measured
+    memory); a figure that is None (not measured here) is left out."""
 
-    def __init__(self, stats: Callable[[], Mapping[str, int | float]]) -> None:
-        self._stats = stats
-
-    def collect(self) -> list[GaugeMetricFamily]:
-        families = []
-        for name, value in sorted(self._stats().items()):
-            family = GaugeMetricFamily(f"mlxkv_cache_{name}", f"prompt cache: {name.replace('_', ' ')}")
-            family.add_metric([], float(value))
-            families.append(family)
-        return families
-
-    def describe(self) -> list[GaugeMetricFamily]:
-        return []
-
-
-class _MemoryCollector:
-    """Exposes the memory budget, the plan and the process's measured memory at scrape time
-    (a figure not measured is left out)."""
-
-    def __init__(self, memory: Callable[[], Mapping[str, int | None]]) -> None:
-        self._memory = memory
+    def __init__(self, prefix: str, what: str, figures: Callable[[], Mapping[str, int | float | None]]) -> None:
+        self._prefix = prefix
+        self._what = what
+        self._figures = figures
 
     def collect(self) -> list[GaugeMetricFamily]:
         families = []
-        for name, value in sorted(self._memory().items()):
+        for name, value in sorted(self._figures().items()):
             if value is not None:
-                family = GaugeMetricFamily(f"mlxkv_memory_{name}", f"memory budget: {name.replace('_', ' ')}")
+                family = GaugeMetricFamily(f"mlxkv_{self._prefix}_{name}", f"{self._what}: {name.replace('_', ' ')}")
                 family.add_metric([], float(value))
                 families.append(family)
         return families
