@@ -1,5 +1,5 @@
-"""A sliding-window KV cache (mlx-lm's `RotatingKVCache` arithmetic, bit for bit), with the
-`CompiledDecodeCache` contract."""
+"""A sliding-window KV cache on mlx-lm's `RotatingKVCache` arithmetic (cache/ring_buffer.py, bit for
+bit), with the `CompiledDecodeCache` contract, speculative rounds and pipelined steps over its ring."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from typing import Any
 import mlx.core as mx
 
 from mlxkv_inference.cache.contract import CacheTrimError, DecodePhase, DecodePlan
-from mlxkv_inference.cache.kv import STEP, DenseBuffers, buffer_view, check_trim, mlx_causal, owned_prefix
+from mlxkv_inference.cache.kv import buffer_view, check_trim, mlx_causal, owned_prefix
+from mlxkv_inference.cache.ring_buffer import RingBuffer
 from mlxkv_inference.cache.ring_rounds import round_cells, row_gather
 from mlxkv_inference.cache.stand_ins import KvStandIn, RingRowsStandIn
 
 
-class RotatingKVCache(DenseBuffers):
+class RotatingKVCache(RingBuffer):
     """A sliding window of `max_size` tokens (the first `keep` are never evicted).
 
     Phase "concat" until the window fills, then "ring": each token overwrites the oldest. Once
@@ -26,18 +27,8 @@ class RotatingKVCache(DenseBuffers):
     write them. A round never starts before the ring is full and ends past it (`round_fits`).
     """
 
-    step = STEP
-
     def __init__(self, max_size: int, keep: int = 0) -> None:
-        if max_size < 1 or not 0 <= keep < max_size:
-            raise ValueError(f"rotating cache needs max_size >= 1 and 0 <= keep < max_size; got {max_size}, {keep}")
-        self.max_size = max_size
-        self.keep = keep
-        self.keys: mx.array | None = None
-        self.values: mx.array | None = None
-        self.offset = 0
-        self._idx = 0
-        self._after_multi_write = False
+        super().__init__(max_size, keep)
         self._round: tuple[int, int, tuple[mx.array, mx.array] | None] | None = None  # (rows, offset, new keys/values)
         self.round_gather = mx.array(0)  # an open full-ring round's (rows, window) picks (`ring_rounds.row_gather`)
         # Single-step writes on a full ring that `take_back` can undo: (offset, index before, cell, old key, value).
@@ -181,34 +172,6 @@ class RotatingKVCache(DenseBuffers):
         n = self.offset if self.keys is None else min(self.keys.shape[2], self.offset)
         self.keys, self.values = owned_prefix(self.keys, n), owned_prefix(self.values, n)
 
-    # -- helpers (mlx-lm's RotatingKVCache arithmetic) --------------------------------------
-    def _trim_front(self, trim_size: int, v: mx.array, append: mx.array | None = None) -> mx.array:
-        parts = [v[..., : self.keep, :], v[..., trim_size + self.keep :, :]] if trim_size > 0 else [v]
-        if append is not None:
-            parts.append(append)
-        return mx.concatenate(parts, axis=2)
-
-    def _temporal_order(self, v: mx.array) -> mx.array:
-        if self._idx == v.shape[2]:
-            return v
-        if self._idx < self.offset:
-            return mx.concatenate([v[..., : self.keep, :], v[..., self._idx :, :], v[..., self.keep : self._idx, :]], axis=2)
-        return v[..., : self._idx, :]
-
-    def _update_concat(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        if self.keys is None or self.values is None:
-            self.keys, self.values = keys, values
-        else:
-            self.keys, self.values = self._temporal_order(self.keys), self._temporal_order(self.values)
-            self._idx = self.keys.shape[2]
-            # Keep max_size - 1 old tokens so every new token sees a full window.
-            trim_size = self._idx - self.max_size + 1
-            self.keys = self._trim_front(trim_size, self.keys, keys)
-            self.values = self._trim_front(trim_size, self.values, values)
-        self.offset += keys.shape[2]
-        self._idx = self.keys.shape[2]
-        return self.keys, self.values
-
     # -- rounds over a full ring ---------------------------------------------------------
     @property
     def rows_round(self) -> bool:
@@ -255,14 +218,23 @@ class RotatingKVCache(DenseBuffers):
         return mx.concatenate([self.keys, keys], axis=2), taken.reshape(heads, rows, length, dim).transpose(1, 0, 2, 3)
 
     # -- pipelined steps on a full ring ----------------------------------------------------
+    def _overwriting(self, offset: int, index: int, n: int) -> None:
+        """Log a single-step write about to go into the ring (`arm_undo`): the cell's old key and
+        value, lazily, read before the write."""
+        logged, self._arm = self._arm and n == 1, False
+        if logged and self.keys is not None and self.values is not None:
+            cell = self._idx
+            self._undo.append((offset, index, cell, self.keys[..., cell : cell + 1, :], self.values[..., cell : cell + 1, :]))
+
     @property
     def steady_ring(self) -> bool:
         """Whether the ring is full and holds exactly the window (its single steps can be taken back)."""
         return self.keys is not None and self.offset >= self.max_size and self.keys.shape[2] == self.max_size
 
     def arm_undo(self) -> None:
-        """Log the next single-step write, so that `take_back` can undo it on a full ring."""
-        self._arm = True
+        """Log the next single-step write, so that `take_back` can undo it (on a steady ring: a
+        write right after a longer prompt chunk first reshapes the buffer)."""
+        self._arm = self.steady_ring
 
     def keep_undo(self, newest: int) -> None:
         """Forget all but the `newest` logged writes (the older ones stay for good)."""
@@ -281,51 +253,3 @@ class RotatingKVCache(DenseBuffers):
         self._undo.clear()
         return True
 
-    def _make_room(self, rows: int) -> None:
-        """Grow the buffer (by `step`s, up to the window) until `rows` more positions fit at the offset."""
-        assert self.keys is not None and self.values is not None
-        missing = self.offset + rows - self.keys.shape[2]
-        if missing > 0:
-            grow = min(max(self.step, missing), self.max_size - self.keys.shape[2])
-            b, heads, _, k_dim = self.keys.shape
-            self.keys = mx.concatenate([self.keys, mx.zeros((b, heads, grow, k_dim), self.keys.dtype)], axis=2)
-            self.values = mx.concatenate([self.values, mx.zeros((b, heads, grow, self.values.shape[3]), self.values.dtype)], axis=2)
-
-    def _prepare_in_place(self, keys: mx.array, values: mx.array) -> None:
-        prev = self.offset
-        if self.keys is None or self.values is None or (prev >= self.keys.shape[2] and self.keys.shape[2] < self.max_size):
-            b, heads, _, k_dim = keys.shape
-            new_size = min(self.step, self.max_size - prev)
-            new_k = mx.zeros((b, heads, new_size, k_dim), keys.dtype)
-            new_v = mx.zeros((b, heads, new_size, values.shape[3]), values.dtype)
-            if self.keys is None or self.values is None:
-                self.keys, self.values = new_k, new_v
-            else:
-                self.keys = mx.concatenate([self.keys, new_k], axis=2)
-                self.values = mx.concatenate([self.values, new_v], axis=2)
-            self._idx = prev
-        trim_size = self.keys.shape[2] - self.max_size
-        if trim_size > 0:
-            self.keys = self._trim_front(trim_size, self.keys)
-            self.values = self._trim_front(trim_size, self.values)
-            self._idx = self.max_size
-        if self._idx == self.max_size:
-            self._idx = self.keep
-
-    def _update_in_place(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        logged = self._arm and self.steady_ring and keys.shape[2] == 1
-        before = (self.offset, self._idx)
-        self._arm = False
-        self._prepare_in_place(keys, values)
-        assert self.keys is not None and self.values is not None
-        n = keys.shape[2]
-        if logged:  # the cell's old key and value, lazily: read before the write below
-            cell = self._idx
-            self._undo.append((*before, cell, self.keys[..., cell : cell + 1, :], self.values[..., cell : cell + 1, :]))
-        self.keys[..., self._idx : self._idx + n, :] = keys
-        self.values[..., self._idx : self._idx + n, :] = values
-        self.offset += n
-        self._idx += n
-        if self.offset < self.keys.shape[2]:
-            return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
-        return self.keys, self.values
