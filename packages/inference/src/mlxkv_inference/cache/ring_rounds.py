@@ -24,7 +24,7 @@ from typing import Any
 
 import mlx.core as mx
 
-__all__ = ["round_cells", "row_gather", "row_attention"]
+__all__ = ["round_cells", "round_inputs", "row_gather", "row_attention"]
 
 
 def round_cells(index: int, keep: int, max_size: int, rows: int) -> list[int]:
@@ -49,9 +49,21 @@ def _gather(cells: tuple[int, ...], length: int) -> mx.array:
     return mx.array(rows, dtype=mx.int32)
 
 
-def row_gather(cells: list[int], length: int) -> mx.array:
-    """(rows, length) indices into [ring cells, the round's new keys]: each row's ring."""
-    return _gather(tuple(cells), length)
+def row_gather(index: int, keep: int, max_size: int, rows: int, length: int) -> mx.array:
+    """(rows, length) indices into [the `length` ring cells, the round's new keys]: each row's
+    ring, for a round of `rows` written from `index` (`round_cells`)."""
+    return _gather(tuple(round_cells(index, keep, max_size, rows)), length)
+
+
+def round_inputs(ring_keys: mx.array, ring_values: mx.array, keys: mx.array, values: mx.array,
+                 gather: mx.array) -> tuple[mx.array, mx.array]:
+    """What `row_attention` attends for a round's new `keys` and `values` over a ring of one
+    sequence: the ring's keys followed by the new ones, and each row's ring of values
+    ((rows, kv heads, window, dim)) picked by `gather` (`row_gather`)."""
+    _, heads, length, dim = ring_values.shape
+    rows = gather.shape[0]
+    taken = mx.take(mx.concatenate([ring_values, values], axis=2), gather.reshape(-1), axis=2)
+    return mx.concatenate([ring_keys, keys], axis=2), taken.reshape(heads, rows, length, dim).transpose(1, 0, 2, 3)
 
 
 Attention = Callable[..., mx.array]

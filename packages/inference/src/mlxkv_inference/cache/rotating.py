@@ -10,7 +10,7 @@ import mlx.core as mx
 from mlxkv_inference.cache.contract import CacheTrimError, DecodePhase, DecodePlan
 from mlxkv_inference.cache.kv import buffer_view, check_trim, mlx_causal, owned_prefix
 from mlxkv_inference.cache.ring_buffer import RingBuffer
-from mlxkv_inference.cache.ring_rounds import round_cells, row_gather
+from mlxkv_inference.cache.ring_rounds import round_inputs, row_gather
 from mlxkv_inference.cache.stand_ins import KvStandIn, RingRowsStandIn
 
 
@@ -135,14 +135,13 @@ class RotatingKVCache(RingBuffer):
         return DecodePlan(self.decode_phase(), self.keys.shape[2], self._idx, self.offset)
 
     def decode_stand_in(self, plan: DecodePlan) -> KvStandIn | RingRowsStandIn:
-        return RingRowsStandIn(self.max_size, plan.rows) if plan.phase == "ring" and plan.rows > 1 else KvStandIn(plan)
+        return RingRowsStandIn(self.max_size) if plan.phase == "ring" and plan.rows > 1 else KvStandIn(plan)
 
     def decode_inputs(self, plan: DecodePlan) -> list[mx.array]:
         assert self.keys is not None and self.values is not None
         offset = mx.array(plan.offset, dtype=mx.int32)
         if plan.phase == "ring" and plan.rows > 1:
-            gather = row_gather(round_cells(plan.write_index, self.keep, self.max_size, plan.rows), plan.capacity)
-            return [self.keys, self.values, offset, gather]
+            return [self.keys, self.values, offset, row_gather(plan.write_index, self.keep, self.max_size, plan.rows, plan.capacity)]
         return [self.keys, self.values, offset, mx.array(plan.write_index, dtype=mx.int32)]
 
     def commit_decode_step(self, plan: DecodePlan, outputs: list[mx.array]) -> None:
@@ -208,14 +207,12 @@ class RotatingKVCache(RingBuffer):
         rows, start, _ = self._round
         self._prepare_in_place(keys, values)  # what the first single step would do to the buffer first
         assert self.keys is not None and self.values is not None
-        b, heads, length, dim = self.values.shape
-        if b != 1:
-            raise ValueError(f"a round over a full ring feeds one sequence, not a batch of {b}")
-        self.round_gather = row_gather(round_cells(self._idx, self.keep, self.max_size, rows), length)
-        taken = mx.take(mx.concatenate([self.values, values], axis=2), self.round_gather.reshape(-1), axis=2)
+        if self.values.shape[0] != 1:
+            raise ValueError(f"a round over a full ring feeds one sequence, not a batch of {self.values.shape[0]}")
+        self.round_gather = row_gather(self._idx, self.keep, self.max_size, rows, self.values.shape[2])
         self._round = (rows, start, (keys, values))
         self.offset = start + rows
-        return mx.concatenate([self.keys, keys], axis=2), taken.reshape(heads, rows, length, dim).transpose(1, 0, 2, 3)
+        return round_inputs(self.keys, self.values, keys, values, self.round_gather)
 
     # -- pipelined steps on a full ring ----------------------------------------------------
     def _overwriting(self, offset: int, index: int, n: int) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlxkv_inference.cache.contract import CompiledStepUnsupported, DecodePlan
+from mlxkv_inference.cache.ring_rounds import round_inputs
 
 
 class KvStandIn:
@@ -60,9 +61,8 @@ class RingRowsStandIn:
     rows_round = True
     num_outputs = 2
 
-    def __init__(self, window: int, rows: int) -> None:
+    def __init__(self, window: int) -> None:
         self._window = window
-        self._rows = rows
         self.keys = mx.array(0)
         self.values = mx.array(0)
         self.offset = mx.array(0)
@@ -77,9 +77,7 @@ class RingRowsStandIn:
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         self._new = [keys, values]
-        _, heads, length, dim = self.values.shape
-        taken = mx.take(mx.concatenate([self.values, values], axis=2), self.round_gather.reshape(-1), axis=2)
-        return mx.concatenate([self.keys, keys], axis=2), taken.reshape(heads, self._rows, length, dim).transpose(1, 0, 2, 3)
+        return round_inputs(self.keys, self.values, keys, values, self.round_gather)
 
     def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False) -> Any:
         if window_size is not None and window_size < self._window:
