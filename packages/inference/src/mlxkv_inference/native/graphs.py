@@ -11,13 +11,12 @@ import mlx.nn as nn
 from mlxkv_inference.cache.factory import LayerCache
 from mlxkv_inference.cache.recurrent import RecurrentCache
 
-__all__ = ["BATCHABLE_MODEL_TYPES", "LLAMA_STYLE_TYPES", "can_batch", "llama_style"]
+__all__ = ["GEMMA3_TYPES", "LLAMA_STYLE_TYPES", "can_batch", "llama_style"]
 
 # Graphs whose layers are (input norm, self_attn, post norm, mlp) with q/k/v/o projections.
 LLAMA_STYLE_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 # Gemma 3's (four norms a layer, sliding-window layers between global ones: native/gemma_block.py).
 GEMMA3_TYPES = frozenset({"gemma3_text"})
-BATCHABLE_MODEL_TYPES = LLAMA_STYLE_TYPES | GEMMA3_TYPES
 
 
 def llama_style(config: dict[str, Any]) -> bool:
