@@ -4,6 +4,7 @@
 // q.k^T and p.v give the same bits whatever M, N or the query chunking: an optimized BLAS such as
 // OpenBLAS picks kernels by shape and broke prefill-chunk and compiled-step exactness.
 // No mlx, no Python: the loader must not import mlx before this library is loaded.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <utility>
@@ -44,15 +45,27 @@ void store(float* c, int64_t ldc, int64_t m, int64_t n, const float* dots, float
   }
 }
 
+// Edge of the square tiles a transposing pack copies: a tile's source rows and destination rows
+// are each a cache line, where a column-by-column copy read a new line for every element (the
+// values of a round's attention, packed once per query head: most of its cost).
+constexpr int64_t kPackTile = 16;
+
 // rows x k of op(src) into dst (rows, kp) zero-padded; trans: op(src)[r][c] = src[c * ld + r].
 void pack(const float* src, int64_t ld, bool trans, int64_t rows, int64_t k, int64_t kp, float* dst) {
+  if (trans) {
+    for (int64_t c0 = 0; c0 < k; c0 += kPackTile) {
+      const int64_t c1 = std::min(k, c0 + kPackTile);
+      for (int64_t r0 = 0; r0 < rows; r0 += kPackTile) {
+        const int64_t r1 = std::min(rows, r0 + kPackTile);
+        for (int64_t r = r0; r < r1; ++r) {
+          for (int64_t c = c0; c < c1; ++c) dst[r * kp + c] = src[c * ld + r];
+        }
+      }
+    }
+  }
   for (int64_t r = 0; r < rows; ++r) {
     float* out = dst + r * kp;
-    if (!trans) {
-      std::memcpy(out, src + r * ld, sizeof(float) * k);
-    } else {
-      for (int64_t c = 0; c < k; ++c) out[c] = src[c * ld + r];
-    }
+    if (!trans) std::memcpy(out, src + r * ld, sizeof(float) * k);
     for (int64_t c = k; c < kp; ++c) out[c] = 0.0f;
   }
 }
