@@ -1,8 +1,8 @@
-"""Speculative rounds over sliding-window (rotating) caches: while the ring has room a round is a
-written chunk, trimmed after, and runs compiled; over a full ring each position attends its own
-copy of the ring, as its single step would see it. Either way every position gets bitwise the
-logits of single steps, the caches keep what single steps write, and generations the tokens of
-not speculating."""
+"""Sliding-window (rotating) caches: a position gets the same bits however it is fed (in a prompt
+chunk, a single step or a speculative round, before or past the window, whatever came before),
+because a full ring is attended oldest key first, as a chunk attends. So a round is a written
+chunk, trimmed after (compiled too), every position gets bitwise the logits of single steps, the
+caches keep the window single steps keep, and generations the tokens of not speculating."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from mlxkv_inference import Generation, GenerationParams, SamplingParams
 from mlxkv_inference.cache.kv import PlainKVCache
 from mlxkv_inference.cache.rotating import RotatingKVCache
-from mlxkv_inference.cache.ring_rounds import round_cells
+from mlxkv_inference.cache.ring_order import oldest_first
 from mlxkv_inference.cache.rounds import Round, round_fits
 from mlxkv_inference.kv_scheme import KvScheme
 from mlxkv_inference.models.draft import layer_skip_draft
@@ -35,8 +35,39 @@ def test_a_round_never_starts_with_room_in_the_ring_and_ends_past_it() -> None:
     assert round_fits([cache], 9, KvScheme(), full_rings=False) == 1  # the binding did not find it exact
 
 
-def test_round_cells_wrap_to_what_the_ring_keeps() -> None:
-    assert round_cells(13, 2, 16, 6) == [13, 14, 15, 2, 3, 4]
+def test_a_full_ring_is_read_from_its_oldest_cell_around_to_its_newest_after_what_it_keeps() -> None:
+    assert oldest_first(13, 2, 16).tolist() == [0, 1, 13, 14, 15, *range(2, 13)]
+    assert oldest_first(13, 2, 16, drop_oldest=True).tolist() == [0, 1, 14, 15, *range(2, 13)]
+    assert oldest_first(0, 0, 4).tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["graph", "compiled"])
+@pytest.mark.parametrize("native", [False, True], ids=["mlx", "native"])
+def test_a_position_past_the_window_gets_the_same_bits_in_a_chunk_or_a_step_whatever_was_fed_before(
+    native: bool, compiled: bool
+) -> None:
+    binding = make_tiny_binding("gemma3_text", seed=1, native=native, sliding_window=WINDOW)
+    prompt = make_prompt(70, seed=3)
+
+    def fed_in(chunks: list[int]) -> tuple[mx.array, list[Any]]:
+        caches, at = binding.make_cache(), 0
+        for n in chunks:  # a chunk, or single steps (compiled where asked, once the caches hold something)
+            if n == 1 and compiled and at > 0:
+                assert binding.decode_compiled(mx.array(prompt[at : at + 1]), caches) is not None
+            else:
+                binding.feed(prompt[at : at + n], caches)
+            at += n
+        last = binding.decode_compiled(mx.array(prompt[-1:]), caches) if compiled else binding.decode(mx.array(prompt[-1:]), caches)
+        assert last is not None
+        return last, caches
+
+    reference, reference_caches = fed_in([69])
+    for chunks in ([40] + [1] * 29, [20] * 3 + [9], [1] * 69, [30, 1, 1, 37], [17, 1, 20, 1, 30]):
+        logits, caches = fed_in(chunks)
+        assert mx.array_equal(logits, reference).item(), chunks
+        for cache, other in zip(caches, reference_caches):
+            if isinstance(cache, RotatingKVCache) and isinstance(other, RotatingKVCache):
+                assert all(mx.array_equal(a, b).item() for a, b in zip(cache.window(), other.window()))
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["graph", "compiled"])
@@ -66,9 +97,7 @@ def test_a_round_over_a_full_ring_gives_each_position_the_logits_and_ring_of_sin
         for cache, reference in zip(trial, alone):
             assert cache.offset == reference.offset
             if isinstance(cache, RotatingKVCache) and isinstance(reference, RotatingKVCache):
-                assert cache.ring_index == reference.ring_index and not cache.rows_round
-                assert cache.keys is not None and reference.keys is not None
-                assert mx.array_equal(cache.keys, reference.keys).item()
+                assert all(mx.array_equal(a, b).item() for a, b in zip(cache.window(), reference.window()))
 
 
 @pytest.mark.parametrize("native", [False, True], ids=["mlx", "native"])

@@ -280,26 +280,6 @@ def apply_adapter(model: nn.Module, adapter_path: Path) -> nn.Module:
     return adapted
 
 
-def wrap_attention(model: nn.Module, wrap: Callable[[Callable[..., mx.array]], Callable[..., mx.array]]) -> bool:
-    """Replace `scaled_dot_product_attention` in the mlx-lm modules that define `model`'s
-    attention layers by `wrap(original)` (once per module: a wrapped function carries
-    `row_rounds`); whether every attention layer's module was found."""
-    import sys
-
-    found = True
-    for layer in model_layers(model):
-        attention = getattr(layer, "self_attn", None) or getattr(layer, "attention", None)
-        modules = [sys.modules.get(c.__module__) for c in type(attention).__mro__ if c.__module__.startswith("mlx_lm.models.")]
-        module = next((m for m in modules if m is not None and hasattr(m, "scaled_dot_product_attention")), None)
-        if module is None:
-            found = False
-            continue
-        current = getattr(module, "scaled_dot_product_attention")
-        if not getattr(current, "row_rounds", False):
-            setattr(module, "scaled_dot_product_attention", wrap(current))
-    return found
-
-
 def gemma_residual(layer: nn.Module) -> Callable[[mx.array, mx.array], mx.array]:
     """The residual add of a Gemma 3 block (`clip_residual` in its mlx-lm module)."""
     import sys

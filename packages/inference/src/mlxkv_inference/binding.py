@@ -19,7 +19,6 @@ from mlxkv_inference.cache.compiled import CompiledDecoder
 from mlxkv_inference.cache.factory import LayerCache, make_caches, maybe_quantize
 from mlxkv_inference.cache.kv import PlainKVCache
 from mlxkv_inference.cache.recurrent import RecurrentCache
-from mlxkv_inference.cache.ring_rounds import row_attention
 from mlxkv_inference.cache.rotating import RotatingKVCache
 from mlxkv_inference.kv_scheme import KvScheme
 from mlxkv_inference.native import batched
@@ -35,6 +34,7 @@ from mlxkv_inference.tokenizer.protocol import Tokenizer
 DEFAULT_PREFILL_CHUNK = 512
 PROBED_ROWS = 8  # batch sizes the first row-invariance probe covers
 log = logging.getLogger(__name__)
+RING_ORDER = "oldest first/1"  # how a full sliding-window ring is attended (see config_fingerprint)
 
 Interrupt = Callable[[], bool]  # asked between layers: True stops evaluating (see `evaluate_layers`)
 
@@ -83,9 +83,9 @@ class MlxAutoregressiveBinding:
         cpu_kernels: CpuKernels = "mlx",
     ) -> None:
         native = install(model, config, cpu_kernels)
-        # a full ring's round attends one ring per row (cache/ring_rounds.py); probed before use
+        # rounds over a full sliding-window ring are chunks (cache/ring_order.py); probed before use
         rings = any(isinstance(c, RotatingKVCache) for c in make_caches(model))
-        self._full_rings: bool | None = None if rings and _mlx_lm.wrap_attention(model, row_attention) else False
+        self._full_rings: bool | None = None if rings else False
         self.model = model
         self.cpu_kernels: CpuKernels = cpu_kernels
         self.tokenizer = tokenizer
@@ -96,7 +96,7 @@ class MlxAutoregressiveBinding:
         self.tokenizer_hash = tokenizer.content_hash()
         self.native_attention = native.attention
         self.native_ops = native.ops
-        self.config_fingerprint = config_fingerprint(config, kv_scheme, weights_digest, cpu_kernels, self.native_ops)
+        self.config_fingerprint = config_fingerprint(config, kv_scheme, weights_digest, cpu_kernels, self.native_ops, rings)
         self._compiled = CompiledDecoder(model)
         self._invariant_rows = 1  # batch sizes probed row-invariant so far (-1: a kernel is not)
         self._positions_exact: bool | None = None  # see `verifies_positions`
@@ -322,12 +322,14 @@ class MlxAutoregressiveBinding:
 
 def config_fingerprint(
     config: dict[str, Any], kv_scheme: KvScheme, weights_digest: str, cpu_kernels: CpuKernels = "mlx",
-    native_ops: Sequence[str] = (),
+    native_ops: Sequence[str] = (), rings: bool = False,
 ) -> str:
     """Hash of everything that shapes the KV a model computes: graph config, KV scheme, MLX, weights,
     the matmul kernels and the layer ops they replace (`native_ops`, e.g. attention and SwiGLU: KV
     computed by different kernels differs in the last bits; the sampler too, whose draws a resumed
-    checkpoint continues)."""
+    checkpoint continues). `rings`: the model has sliding-window layers, whose full rings are
+    attended oldest key first (cache/ring_order.py), not in mlx-lm's cell order as KV computed
+    before was."""
     payload = {
         "config": config,
         "kv_scheme": asdict(kv_scheme),
@@ -338,5 +340,7 @@ def config_fingerprint(
         payload["cpu_kernels"] = cpu_kernels
     if native_ops:
         payload["native_ops"] = list(native_ops)
+    if rings:
+        payload["ring_order"] = RING_ORDER
     blob = json.dumps(payload, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:32]

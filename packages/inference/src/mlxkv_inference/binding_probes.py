@@ -99,7 +99,7 @@ def safely(probe: Callable[[MlxAutoregressiveBinding], bool], binding: MlxAutore
 
 
 def full_rings_agree(binding: MlxAutoregressiveBinding) -> bool:
-    """Whether a round over full sliding-window rings (`cache/ring_rounds.py`) gives each
+    """Whether a round over full sliding-window rings (a chunk, `cache/ring_order.py`) gives each
     position's logits bitwise as single steps do, and keeps the rings as they write them, on
     scratch caches filled past the window (true where the model has no sliding window)."""
     caches = binding.make_cache()
@@ -124,8 +124,8 @@ def full_rings_agree(binding: MlxAutoregressiveBinding) -> bool:
         kept.keep(rows, fed, binding.feed)
         if not all(bool(mx.array_equal(together[i], single[i]).item()) for i in range(rows)):
             return False
-        if not all(bool(mx.array_equal(a.keys, b.keys).item()) for a, b in zip(trial, alone)
-                   if isinstance(a, RotatingKVCache) and isinstance(b, RotatingKVCache) and a.keys is not None and b.keys is not None):
+        if not all(bool(mx.array_equal(x, y).item()) for a, b in zip(trial, alone)
+                   if isinstance(a, RotatingKVCache) and isinstance(b, RotatingKVCache) for x, y in zip(a.window(), b.window())):
             return False
     return True
 

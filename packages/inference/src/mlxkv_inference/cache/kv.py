@@ -11,6 +11,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlxkv_inference.cache.contract import CacheTrimError, DecodePhase, DecodePlan
+from mlxkv_inference.cache.masks import mlx_causal
 from mlxkv_inference.cache.stand_ins import KvStandIn, PlainKvStandIn
 
 STEP = 256
@@ -150,15 +151,6 @@ def causal_mask(n: int, offset: int, window_size: int | None, return_array: bool
     if n == 1:
         return None
     return mlx_causal(n, offset, None) if return_array else "causal"
-
-
-def mlx_causal(n: int, offset: int, window_size: int | None) -> mx.array:
-    right = mx.arange(offset + n)
-    left = (mx.arange(offset, offset + n) if offset else right)[:, None]
-    mask = left >= right[None]
-    if window_size is not None:
-        mask = mask & (left < right[None] + window_size)
-    return mask
 
 
 def buffer_view(a: mx.array | None) -> mx.array | None:

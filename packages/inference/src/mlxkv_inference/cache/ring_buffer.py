@@ -1,6 +1,7 @@
 """mlx-lm's `RotatingKVCache` buffer arithmetic, bit for bit: where a sliding window's keys and
 values go in its buffer (grown in steps until the window fills, then a ring whose first `keep`
-cells are never overwritten). `RotatingKVCache` (cache/rotating.py) builds the cache on it."""
+cells are never overwritten). One difference: a step over a full ring fetches the keys oldest
+first (cache/ring_order.py). `RotatingKVCache` (cache/rotating.py) builds the cache on it."""
 
 from __future__ import annotations
 
@@ -99,4 +100,5 @@ class RingBuffer(DenseBuffers):
         self._idx += n
         if self.offset < self.keys.shape[2]:
             return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
-        return self.keys, self.values
+        # A full ring is attended oldest key first, as a chunk attends (cache/ring_order.py).
+        return self._temporal_order(self.keys), self._temporal_order(self.values)

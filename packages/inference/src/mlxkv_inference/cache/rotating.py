@@ -1,5 +1,6 @@
-"""A sliding-window KV cache on mlx-lm's `RotatingKVCache` arithmetic (cache/ring_buffer.py, bit for
-bit), with the `CompiledDecodeCache` contract, speculative rounds and pipelined steps over its ring."""
+"""A sliding-window KV cache on mlx-lm's `RotatingKVCache` buffer arithmetic (cache/ring_buffer.py),
+a full ring attended oldest key first (cache/ring_order.py), with the `CompiledDecodeCache`
+contract, speculative rounds and pipelined steps over its ring."""
 
 from __future__ import annotations
 
@@ -8,37 +9,32 @@ from typing import Any
 import mlx.core as mx
 
 from mlxkv_inference.cache.contract import CacheTrimError, DecodePhase, DecodePlan
-from mlxkv_inference.cache.kv import buffer_view, check_trim, mlx_causal, owned_prefix
+from mlxkv_inference.cache.kv import buffer_view, check_trim, owned_prefix
+from mlxkv_inference.cache.masks import mlx_causal
 from mlxkv_inference.cache.ring_buffer import RingBuffer
-from mlxkv_inference.cache.ring_rounds import round_inputs, row_gather
-from mlxkv_inference.cache.stand_ins import KvStandIn, RingRowsStandIn
+from mlxkv_inference.cache.stand_ins import KvStandIn, RingRoundStandIn
 
 
 class RotatingKVCache(RingBuffer):
     """A sliding window of `max_size` tokens (the first `keep` are never evicted).
 
-    Phase "concat" until the window fills, then "ring": each token overwrites the oldest. Once
-    wrapped, evicted tokens are gone, so the cache is no longer trimmable, except
-    `trim(n, bypass=True)` right after a multi-token write, which shrinks the buffer tail.
-    A speculative round while the ring has room writes its positions as a prompt chunk does
-    (compiled, as a plain cache's round) and drops the rejected ones by trimming; over a full ring
-    (`begin_round` .. `end_round`) each position attends its own copy of the ring as its single
-    step would see it (`cache/ring_rounds.py`), and the kept positions are written as single steps
-    write them. A round never starts before the ring is full and ends past it (`round_fits`).
+    Phase "concat" until the window fills, then "ring": each token overwrites the oldest and
+    attends the ring oldest key first, as a prompt chunk attends its keys. Once wrapped, evicted
+    tokens are gone, so the cache is no longer trimmable, except `trim(n, bypass=True)` right
+    after a multi-token write, which shrinks the buffer tail. A speculative round is written as a
+    prompt chunk (compiled: in position order while the ring has room, as a chunk's buffers over a
+    full ring) and its rejected positions are trimmed. A round never starts before the ring is
+    full and ends past it (`round_fits`).
     """
 
     def __init__(self, max_size: int, keep: int = 0) -> None:
         super().__init__(max_size, keep)
-        self._round: tuple[int, int, tuple[mx.array, mx.array] | None] | None = None  # (rows, offset, new keys/values)
-        self.round_gather = mx.array(0)  # an open full-ring round's (rows, window) picks (`ring_rounds.row_gather`)
         # Single-step writes on a full ring that `take_back` can undo: (offset, index before, cell, old key, value).
         self._undo: list[tuple[int, int, int, mx.array, mx.array]] = []
         self._arm = False  # log the next single-step write (a pipelined step's: `RunAhead`)
 
     # -- mlx-lm cache interface -------------------------------------------------------------
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        if self._round is not None and self._round[0] == keys.shape[2]:
-            return self._rows_fetch(keys, values)
         if keys.shape[2] == 1:
             self._after_multi_write = False
             return self._update_in_place(keys, values)
@@ -46,10 +42,6 @@ class RotatingKVCache(RingBuffer):
         return self._update_concat(keys, values)
 
     def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False) -> Any:
-        if self._round is not None and self._round[0] == n:
-            if window_size is not None and window_size < self.max_size:
-                raise ValueError(f"a round's rows attend the whole ring ({self.max_size}), not a window of {window_size}")
-            return None  # each row attends its whole ring, as a single step there does
         if n > 1:
             window = window_size or self.max_size
             offset = min(self.max_size - 1, self.offset)
@@ -58,12 +50,25 @@ class RotatingKVCache(RingBuffer):
             return "causal"
         if window_size is None or not (self.offset >= window_size and self.max_size > window_size):
             return None
-        idx = 0 if self._idx >= self.max_size else self._idx
         size = self.offset + 1 if self.offset < self.max_size else self.max_size
-        return mx.roll(mx.arange(size) >= (size - window_size), idx + 1)
+        return mx.arange(size) >= (size - window_size)  # the keys come oldest first
 
     def size(self) -> int:
         return min(self.offset, self.max_size)
+
+    def window(self) -> tuple[mx.array, mx.array]:
+        """The keys and values of the positions the next token attends besides its own (the
+        kept cells, then the newest), oldest first, however the buffer lies now."""
+        if self.keys is None or self.values is None:
+            raise ValueError("an empty rotating cache has no window")
+        n = min(self.offset, self.max_size)
+
+        def last(v: mx.array) -> mx.array:
+            ordered = self._temporal_order(v)
+            newest = ordered[..., ordered.shape[2] - (n - self.keep) :, :]
+            return mx.concatenate([ordered[..., : self.keep, :], newest], axis=2) if self.keep else newest
+
+        return last(self.keys), last(self.values)
 
     @property
     def state(self) -> tuple[mx.array | None, mx.array | None, int, int, int, int]:
@@ -119,10 +124,10 @@ class RotatingKVCache(RingBuffer):
     def prepare_decode_step(self, rows: int = 1) -> DecodePlan | None:
         if self.keys is None or self.values is None:
             return None
-        if rows > 1 and self._round is not None:  # a full ring's round
-            if self._round[0] != rows or self._round[2] is not None:
+        if rows > 1 and self.decode_phase() == "ring":  # a round over the full ring, fed as a chunk
+            if rows > self.max_size - self.keep:
                 return None
-            self._prepare_in_place(self.keys, self.values)
+            self._prepare_in_place(self.keys, self.values)  # the window in the ring, `_idx` its oldest cell
             assert self.keys is not None
             return DecodePlan("ring", self.keys.shape[2], self._idx, self.offset, rows)
         if rows > 1:  # a round (`round_fits`): before the ring fills, the buffer in position order
@@ -134,23 +139,20 @@ class RotatingKVCache(RingBuffer):
         assert self.keys is not None
         return DecodePlan(self.decode_phase(), self.keys.shape[2], self._idx, self.offset)
 
-    def decode_stand_in(self, plan: DecodePlan) -> KvStandIn | RingRowsStandIn:
-        return RingRowsStandIn(self.max_size) if plan.phase == "ring" and plan.rows > 1 else KvStandIn(plan)
+    def decode_stand_in(self, plan: DecodePlan) -> KvStandIn | RingRoundStandIn:
+        return RingRoundStandIn(self.keep) if plan.phase == "ring" and plan.rows > 1 else KvStandIn(plan, self.keep)
 
     def decode_inputs(self, plan: DecodePlan) -> list[mx.array]:
         assert self.keys is not None and self.values is not None
-        offset = mx.array(plan.offset, dtype=mx.int32)
-        if plan.phase == "ring" and plan.rows > 1:
-            return [self.keys, self.values, offset, row_gather(plan.write_index, self.keep, self.max_size, plan.rows, plan.capacity)]
-        return [self.keys, self.values, offset, mx.array(plan.write_index, dtype=mx.int32)]
+        return [self.keys, self.values, mx.array(plan.offset, dtype=mx.int32), mx.array(plan.write_index, dtype=mx.int32)]
 
     def commit_decode_step(self, plan: DecodePlan, outputs: list[mx.array]) -> None:
-        if plan.phase == "ring" and plan.rows > 1:  # the ring stays as it was until `end_round`
-            assert self._round is not None
-            self._round = (plan.rows, plan.offset, (outputs[0], outputs[1]))
-            self.offset = plan.offset + plan.rows
-            return
         self.keys, self.values = outputs
+        if plan.phase == "ring" and plan.rows > 1:  # a chunk's buffers, oldest first
+            self.offset = plan.offset + plan.rows
+            self._idx = self.keys.shape[2]
+            self._after_multi_write = True
+            return
         self.offset = plan.offset + plan.rows
         self._idx = plan.write_index + plan.rows
         self._after_multi_write = False
@@ -170,49 +172,6 @@ class RotatingKVCache(RingBuffer):
         buffers owned by this cache alone."""
         n = self.offset if self.keys is None else min(self.keys.shape[2], self.offset)
         self.keys, self.values = owned_prefix(self.keys, n), owned_prefix(self.values, n)
-
-    # -- rounds over a full ring ---------------------------------------------------------
-    @property
-    def rows_round(self) -> bool:
-        """Whether the next write is a round over the full ring (one ring per row: see the class)."""
-        return self._round is not None
-
-    def begin_round(self, rows: int) -> None:
-        """The next `rows`-token write is a round's: `end_round` follows it. A no-op before the
-        ring is full (the round is then an ordinary write, trimmed after)."""
-        if self.offset < self.max_size or self.keys is None:
-            return
-        if not 1 <= rows <= self.max_size - self.keep:
-            raise ValueError(f"a round of {rows} positions does not fit a {self.max_size}-token window keeping {self.keep}")
-        self._round = (rows, self.offset, None)
-
-    def end_round(self, kept: int) -> bool:
-        """Keep a full ring's round's first `kept` positions, written as single steps write them;
-        False where no such round was open (the caller trims)."""
-        if self._round is None:
-            return False
-        rows, start, new = self._round
-        self._round = None
-        self.offset = start
-        if new is not None:
-            for i in range(min(kept, rows)):
-                self._update_in_place(new[0][..., i : i + 1, :], new[1][..., i : i + 1, :])
-        self._after_multi_write = False
-        return True
-
-    def _rows_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        """The ring's keys followed by the round's, and each row's ring of values as its single
-        step sees it ((rows, kv heads, window, dim)): what `ring_rounds.row_attention` attends."""
-        assert self._round is not None and self.keys is not None and self.values is not None
-        rows, start, _ = self._round
-        self._prepare_in_place(keys, values)  # what the first single step would do to the buffer first
-        assert self.keys is not None and self.values is not None
-        if self.values.shape[0] != 1:
-            raise ValueError(f"a round over a full ring feeds one sequence, not a batch of {self.values.shape[0]}")
-        self.round_gather = row_gather(self._idx, self.keep, self.max_size, rows, self.values.shape[2])
-        self._round = (rows, start, (keys, values))
-        self.offset = start + rows
-        return round_inputs(self.keys, self.values, keys, values, self.round_gather)
 
     # -- pipelined steps on a full ring ----------------------------------------------------
     def _overwriting(self, offset: int, index: int, n: int) -> None:

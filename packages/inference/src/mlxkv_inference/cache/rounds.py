@@ -4,8 +4,8 @@ exactly the first n of them afterwards (trimmed, or rolled back and fed again).
 Used by speculative rounds (`speculative/`) and by the binding's probes that check a
 multi-position forward is bitwise single steps; it lives with the caches so both can use it.
 
-Rolling back: KV caches drop the rejected positions by trimming (a full sliding-window ring writes
-the kept ones as single steps would: `RotatingKVCache.end_round`); recurrent caches go back to
+Rolling back: KV caches drop the rejected positions by trimming (a full sliding-window ring took
+the round as a prompt chunk, whose buffer tail is cut); recurrent caches go back to
 their pre-round state and the kept positions are fed again: through each recurrent layer alone,
 from the inputs it recorded on the round's forward (`cache/recurrent_replay.py`, where the binding
 probed it exact), else through the whole model in one forward (exact for the same reason).
@@ -31,8 +31,8 @@ def round_fits(caches: Sequence[LayerCache], positions: int, kv_scheme: KvScheme
     """The most positions (<= `positions`) one forward may verify from the caches' state, give
     each position's logits bitwise as single steps would, and roll back: a sliding window that
     has room must not fill (a round is written as a prompt chunk and trimmed), one that is full
-    takes a round of at most its ring (one ring per row, `cache/ring_rounds.py`) where
-    `full_rings` (the binding probed that exact), else none; and a plain cache must stay below
+    takes a round of at most its ring (a chunk, `cache/ring_order.py`) where `full_rings` (the
+    binding probed that exact), else none; and a plain cache must stay below
     the KV scheme's quantization start (single steps would attend the positions past it quantized)."""
     fits = positions
     for cache in caches:
@@ -63,8 +63,6 @@ class Round:
         for cache in caches:
             if isinstance(cache, RecurrentCache):
                 cache.spec_round_begin(replay)
-            elif isinstance(cache, RotatingKVCache):
-                cache.begin_round(fed)
 
     def keep(self, n: int, tokens: Sequence[int], refeed: Refeed) -> None:
         """Keep the round's first `n` fed positions (`tokens` are the round's fed tokens)."""
@@ -73,23 +71,24 @@ class Round:
         recurrent = [c for c in self._caches if isinstance(c, RecurrentCache)]
         if n == self._fed or all(state.replayable for state in recurrent):  # none, or each recorded its replay
             for cache in self._caches:
-                if isinstance(cache, RotatingKVCache) and cache.end_round(n):
-                    continue
                 if isinstance(cache, RecurrentCache):
                     if n == self._fed:
                         cache.spec_round_commit()
                     else:
                         cache.spec_round_replay(n)
                 elif n < self._fed:
-                    cache.trim(self._fed - n)
+                    _trim(cache, self._fed - n)
             if n < self._fed:
                 mx.eval([state.state for state in recurrent])
             return
         for layer, start in zip(self._caches, self._offsets):  # back to the round's start, then the kept positions again
             if isinstance(layer, RecurrentCache):
                 layer.spec_round_rollback()
-            elif isinstance(layer, RotatingKVCache) and layer.end_round(0):
-                pass
             else:
-                layer.trim(layer.offset - start)
+                _trim(layer, layer.offset - start)
         refeed(list(tokens[:n]), self._caches)
+
+
+def _trim(cache: LayerCache, n: int) -> None:
+    """Drop a round's last `n` positions: a full ring cuts them off the chunk the round wrote."""
+    cache.trim(n, bypass=isinstance(cache, RotatingKVCache) and not cache.is_trimmable())

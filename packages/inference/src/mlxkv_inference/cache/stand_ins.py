@@ -12,15 +12,18 @@ from typing import Any
 import mlx.core as mx
 
 from mlxkv_inference.cache.contract import CompiledStepUnsupported, DecodePlan
-from mlxkv_inference.cache.ring_rounds import round_inputs
+from mlxkv_inference.cache.masks import mlx_causal
+from mlxkv_inference.cache.ring_order import oldest_first
 
 
 class KvStandIn:
-    """Plain or rotating KV: write the new token at `write_index`, attend over the buffer."""
+    """Plain or rotating KV: write the new token at `write_index`, attend over the buffer (a full
+    ring oldest key first: `cache/ring_order.py`)."""
 
-    def __init__(self, plan: DecodePlan) -> None:
+    def __init__(self, plan: DecodePlan, keep: int = 0) -> None:
         # Only the phase is baked into a trace; capacities come from the bound buffers' shapes.
         self._phase = plan.phase
+        self._keep = keep
         self.keys = mx.array(0)
         self.values = mx.array(0)
         self.offset = mx.array(0)
@@ -38,7 +41,12 @@ class KvStandIn:
         at = self._write.reshape(1)
         self.keys = mx.slice_update(self.keys, keys, at, axes=(2,))
         self.values = mx.slice_update(self.values, values, at, axes=(2,))
-        return self.keys, self.values
+        if self._phase != "ring":
+            return self.keys, self.values
+        size = self._capacity()
+        oldest = mx.where(self._write + 1 >= size, self._keep, self._write + 1)
+        cells = oldest_first(oldest, self._keep, size)
+        return mx.take(self.keys, cells, axis=2), mx.take(self.values, cells, axis=2)
 
     def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False) -> Any:
         if self._phase == "ring":
@@ -53,36 +61,36 @@ class KvStandIn:
         return self.keys.shape[2]
 
 
-class RingRowsStandIn:
-    """A full ring's round (`cache/ring_rounds.py`): the ring's keys and the round's new ones, one
-    ring of values per row, and each row's picks (`round_gather`) for `row_attention`; the ring
-    itself is left as it was and the new keys come out for `RotatingKVCache.end_round`."""
+class RingRoundStandIn:
+    """A round over a full ring, fed as a prompt chunk is (`RotatingKVCache._update_concat`, bit
+    for bit): the window's last size - 1 keys oldest first, then the round's; the outputs are
+    those buffers, which the cache keeps (trimmed after, like a chunk's)."""
 
-    rows_round = True
     num_outputs = 2
 
-    def __init__(self, window: int) -> None:
-        self._window = window
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
         self.keys = mx.array(0)
         self.values = mx.array(0)
         self.offset = mx.array(0)
-        self.round_gather = mx.array(0)
-        self._new: list[mx.array] = []
+        self._oldest = mx.array(0)
+        self._size = 0
 
     def bind(self, inputs: list[mx.array]) -> None:
-        self.keys, self.values, self.offset, self.round_gather = inputs
+        self.keys, self.values, self.offset, self._oldest = inputs
+        self._size = self.keys.shape[2]
 
     def outputs(self) -> list[mx.array]:
-        return self._new
+        return [self.keys, self.values]
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        self._new = [keys, values]
-        return round_inputs(self.keys, self.values, keys, values, self.round_gather)
+        cells = oldest_first(self._oldest, self._keep, self._size, drop_oldest=True)
+        self.keys = mx.concatenate([mx.take(self.keys, cells, axis=2), keys], axis=2)
+        self.values = mx.concatenate([mx.take(self.values, cells, axis=2), values], axis=2)
+        return self.keys, self.values
 
     def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False) -> Any:
-        if window_size is not None and window_size < self._window:
-            raise CompiledStepUnsupported("a full ring's round attends the whole ring")
-        return None
+        return mlx_causal(n, self._size - 1, window_size or self._size)
 
 
 class PlainKvStandIn(KvStandIn):

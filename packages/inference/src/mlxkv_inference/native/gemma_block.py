@@ -2,8 +2,7 @@
 
 Norms, projections and the MLP run on all rows at once (row-invariant kernels); RoPE, masks,
 the cache update and attention run per sequence over its own caches (sliding-window rings or the
-global layers' plain caches), as Gemma 3's forward runs them for that sequence alone. A round
-over full rings attends one ring per row (`cache/ring_rounds.py`).
+global layers' plain caches), as Gemma 3's forward runs them for that sequence alone.
 """
 
 from __future__ import annotations
@@ -15,12 +14,9 @@ import mlx.core as mx
 
 from mlxkv_inference import _mlx_lm
 from mlxkv_inference.cache.factory import LayerCache
-from mlxkv_inference.cache.ring_rounds import row_attention
 from mlxkv_inference.native.kernels import project
 
 __all__ = ["is_gemma3", "gemma_embed", "gemma_layer"]
-
-_attend = row_attention(lambda q, k, v, cache, scale, mask, sinks=None: _mlx_lm.attention(q, k, v, cache, scale, mask))
 
 
 def is_gemma3(inner: Any) -> bool:
@@ -59,7 +55,7 @@ def _attention(attn: Any, x: mx.array, caches: Sequence[Any], spans: Sequence[tu
         q, k = attn.rope(q, offset=cache.offset), attn.rope(k, offset=cache.offset)
         mask = _mlx_lm.create_attention_mask(x[a:b].reshape(1, length, -1), cache, window if attn.is_sliding else None)
         fetched_keys, fetched_values = cache.update_and_fetch(k, v)
-        out = _attend(q, fetched_keys, fetched_values, cache, attn.scale, mask)
+        out = _mlx_lm.attention(q, fetched_keys, fetched_values, cache, attn.scale, mask)
         outputs.append(out.transpose(0, 2, 1, 3).reshape(length, 1, -1))
     projected: mx.array = attn.o_proj(mx.concatenate(outputs, axis=0))
     return projected
