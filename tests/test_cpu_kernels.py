@@ -18,7 +18,7 @@ if sys.platform != "linux":
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_map
-from mlxkv_cpu_kernels import blas_status, ops
+from mlxkv_cpu_kernels import blas_status, ops, split_blas_products
 
 
 def quantized(n: int, k: int, group_size: int, bits: int, scale_dtype: mx.Dtype, seed: int) -> tuple[mx.array, mx.array, mx.array]:
@@ -269,6 +269,26 @@ def test_float_matmul_row_is_bitwise_identical_alone_in_a_batch_and_with_b_trans
         assert np.array_equal(as_numpy(mx.matmul(a[i : i + 1], b))[0], batch[i])
         assert np.array_equal(as_numpy(mx.matmul(a[i : i + 1], b_as_transposed))[0], batch[i])
     assert np.array_equal(as_numpy(mx.matmul(a[2:5], b)), batch[2:5])
+
+
+@pytest.mark.parametrize(("m", "k", "n", "b_transposed"), [
+    (9, 512, 300, False), (9, 512, 300, True), (3, 700, 256, False), (1, 512, 700, True), (64, 96, 50, False),
+])
+def test_float_matmul_split_over_the_kernels_threads_gives_the_bits_of_one_thread(m: int, k: int, n: int,
+                                                                                  b_transposed: bool) -> None:
+    rng = np.random.default_rng(18)
+    a = mx.array(rng.standard_normal((4, m, k), dtype=np.float32))  # a batch, as attention's heads
+    b_np = rng.standard_normal((k, n), dtype=np.float32)
+    b = mx.array(np.ascontiguousarray(b_np.T)).T if b_transposed else mx.array(b_np)
+    previous = split_blas_products(False)
+    try:
+        alone = as_numpy(mx.matmul(a, b))
+        assert split_blas_products(True) is False
+        split = as_numpy(mx.matmul(a, b))
+    finally:
+        split_blas_products(previous)
+    assert previous  # on by default
+    assert np.array_equal(alone, split)
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16])

@@ -37,6 +37,7 @@ std::vector<mlxkv::LowRank> low_rank_deltas(const std::vector<int>& products, co
 
 NB_MODULE(_ext, m) {
   m.doc() = "Native batch-invariant quantized matmul for MLX on CPU";
+  mlxkv::hand_pool_to_blas_shim();
   m.def("quantized_matmul", &mlxkv::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
         "group_size"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
         "y = x @ dequant(w, scales, biases)^T (MLX affine layout, transpose=True).");

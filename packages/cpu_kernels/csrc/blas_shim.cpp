@@ -5,6 +5,7 @@
 // OpenBLAS picks kernels by shape and broke prefill-chunk and compiled-step exactness.
 // No mlx, no Python: the loader must not import mlx before this library is loaded.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <utility>
@@ -70,11 +71,82 @@ void pack(const float* src, int64_t ld, bool trans, int64_t rows, int64_t k, int
   }
 }
 
+// Runs task(ctx, chunk) for chunks 0..count-1 and returns when all are done: the native kernels'
+// thread pool, handed over by their extension when it loads (`mlxkv_blas_use_runner`); until then
+// (or for small products) the caller computes every chunk itself.
+using ChunkTask = void (*)(void* ctx, int64_t chunk);
+using Runner = void (*)(int64_t count, ChunkTask task, void* ctx);
+std::atomic<Runner> runner{nullptr};
+std::atomic<bool> split{true};  // off: every product on the calling thread (tests compare the two)
+
+// Multiply-adds from which a product is split into column slices (~20 us alone here): below it,
+// handing a slice to a worker costs about what the slice saves.
+constexpr int64_t kMinSplitWork = int64_t(1) << 18;
+
+// A product whose operands are ready: rows of op(A) (packed or in place, K apart) and either
+// N packed rows of op(B)^T (dense) or a row-major B (row path). Column slices are independent:
+// a slice changes which thread computes an element, never how.
+struct Product {
+  const float* a_rows;
+  int64_t lda_rows;  // distance between rows of a_rows
+  const float* b;
+  int64_t ldb;
+  bool row_path;
+  int64_t m, n, k;  // k: the padded K (dense) or K (row path)
+  float alpha, beta;
+  float* c;
+  int64_t ldc;
+  int64_t slices;
+};
+
+void run_slice(const Product& p, int64_t slice) {
+  const int64_t n0 = p.n * slice / p.slices / 16 * 16;
+  const int64_t n1 = slice + 1 == p.slices ? p.n : p.n * (slice + 1) / p.slices / 16 * 16;
+  const int64_t cols = n1 - n0;
+  if (cols <= 0) return;
+  thread_local std::vector<float> dots, lanes;
+  dots.resize(size_t(p.m) * cols);
+  if (p.row_path) {
+    lanes.resize(size_t(16) * cols);
+    for (int64_t i = 0; i < p.m; ++i) row(p.a_rows + i * p.lda_rows, p.k, p.b + n0, p.ldb, cols, dots.data() + i * cols, lanes.data());
+  } else {
+    mlxkv::QmmArgs args{};
+    args.x = p.a_rows;
+    args.y = dots.data();
+    args.M = p.m;
+    args.N = cols;
+    args.K = p.k;
+    dense(args, p.b + n0 * p.ldb, p.ldb);
+  }
+  store(p.c + n0, p.ldc, p.m, cols, dots.data(), p.alpha, p.beta);
+}
+
+void run_product(Product& p) {
+  const Runner run = runner.load(std::memory_order_acquire);
+  const int64_t work = p.m * p.n * p.k;
+  p.slices = run == nullptr || !split.load(std::memory_order_relaxed) || work < kMinSplitWork ? 1 : std::min<int64_t>(p.n / 16, work < 4 * kMinSplitWork ? 2 : 4);
+  if (p.slices <= 1) {
+    p.slices = 1;
+    run_slice(p, 0);
+    return;
+  }
+  run(p.slices, [](void* ctx, int64_t slice) { run_slice(*static_cast<Product*>(ctx), slice); }, &p);
+}
+
 }  // namespace
 
 extern "C" {
 
-int mlxkv_blas_version() { return 1; }
+int mlxkv_blas_version() { return 2; }
+
+// Called by mlxkv_cpu_kernels' extension as it loads: from then on large products run on its pool.
+__attribute__((visibility("default"))) void mlxkv_blas_use_runner(Runner run) { runner.store(run, std::memory_order_release); }
+
+// Whether a pool has been handed over (`mlxkv_blas_use_runner`).
+__attribute__((visibility("default"))) int mlxkv_blas_has_runner() { return runner.load() != nullptr ? 1 : 0; }
+
+// Whether large products are split over the pool (default on); returns the previous setting.
+__attribute__((visibility("default"))) int mlxkv_blas_set_split(int enabled) { return split.exchange(enabled != 0) ? 1 : 0; }
 
 __attribute__((visibility("default"))) void cblas_sgemm(
     int order, int ta, int tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
@@ -86,16 +158,12 @@ __attribute__((visibility("default"))) void cblas_sgemm(
     std::swap(m, n);
   }
   if (m <= 0 || n <= 0) return;
-  thread_local std::vector<float> ap, bp, dots, lanes, arow;
+  thread_local std::vector<float> ap, bp;
   if (m <= kRowPathMaxM && tb == kNoTrans) {
-    dots.resize(size_t(m) * n);
-    lanes.resize(size_t(16) * n);
-    arow.resize(size_t(k));
-    for (int64_t i = 0; i < m; ++i) {
-      pack(a + (ta == kNoTrans ? i * lda : i), lda, ta != kNoTrans, 1, k, k, arow.data());
-      row(arow.data(), k, b, ldb, n, dots.data() + i * n, lanes.data());
-    }
-    store(c, ldc, m, n, dots.data(), alpha, beta);
+    ap.resize(size_t(m) * k);
+    for (int64_t i = 0; i < m; ++i) pack(a + (ta == kNoTrans ? i * lda : i), lda, ta != kNoTrans, 1, k, k, ap.data() + i * k);
+    Product p{ap.data(), k, b, ldb, true, m, n, k, alpha, beta, c, ldc, 1};
+    run_product(p);
     return;
   }
   const int64_t kp = (int64_t(k) + 15) / 16 * 16;
@@ -103,7 +171,6 @@ __attribute__((visibility("default"))) void cblas_sgemm(
   // dim a multiple of 16) are read in place: packing the keys was a copy of the cache per call.
   const bool a_in_place = ta == kNoTrans && kp == k && (m == 1 || lda == k);
   const bool b_in_place = tb != kNoTrans && kp == k;
-  dots.resize(size_t(m) * n);
   if (!a_in_place) {
     ap.resize(size_t(m) * kp);
     pack(a, lda, ta != kNoTrans, m, k, kp, ap.data());
@@ -113,14 +180,8 @@ __attribute__((visibility("default"))) void cblas_sgemm(
     // Rows of op(B)^T: op(B)^T[j][l] = op(B)[l][j]; for NoTrans that is b[l * ldb + j] (a transpose).
     pack(b, ldb, tb == kNoTrans, n, k, kp, bp.data());
   }
-  mlxkv::QmmArgs args{};
-  args.x = a_in_place ? a : ap.data();
-  args.y = dots.data();
-  args.M = m;
-  args.N = n;
-  args.K = kp;
-  dense(args, b_in_place ? b : bp.data(), b_in_place ? ldb : kp);
-  store(c, ldc, m, n, dots.data(), alpha, beta);
+  Product p{a_in_place ? a : ap.data(), kp, b_in_place ? b : bp.data(), b_in_place ? ldb : kp, false, m, n, kp, alpha, beta, c, ldc, 1};
+  run_product(p);
 }
 
 }  // extern "C"

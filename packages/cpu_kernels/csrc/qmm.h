@@ -73,4 +73,7 @@ void set_num_threads(int n);
 // at a time; plan also sizes the caller's per-thread scratch.
 void pool_run(const std::function<int64_t(int)>& plan, const std::function<void(int64_t, int)>& task);
 
+// Lets the BLAS shim, where it is loaded, run large float products on this pool (blas_runner.cpp).
+void hand_pool_to_blas_shim();
+
 }  // namespace mlxkv

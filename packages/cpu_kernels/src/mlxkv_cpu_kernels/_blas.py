@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BlasStatus", "blas_status", "load_blas"]
+__all__ = ["BlasStatus", "blas_status", "load_blas", "split_blas_products"]
 
 _log = logging.getLogger(__name__)
 _SHIM = Path(__file__).with_name("libmlxkv_blas_shim.so")
@@ -31,6 +31,7 @@ class BlasStatus:
 
 
 _status: BlasStatus | None = None
+_shim: ctypes.CDLL | None = None
 
 
 def load_blas() -> BlasStatus:
@@ -42,7 +43,13 @@ def load_blas() -> BlasStatus:
 
 
 def blas_status() -> BlasStatus:
-    return load_blas()
+    """What serves MLX's float32 matmuls now: large products run on the native kernels' threads
+    once their extension (`mlxkv_cpu_kernels.ops`) has loaded."""
+    status = load_blas()
+    if status.name == "mlxkv-sgemm" and _shim is not None:
+        threads = "the native kernels' threads" if _shim.mlxkv_blas_has_runner() else "one thread"
+        return BlasStatus(status.name, f"{status.detail}, large products on {threads}")
+    return status
 
 
 def _load() -> BlasStatus:
@@ -51,5 +58,15 @@ def _load() -> BlasStatus:
         return BlasStatus("mlx-reference", "mlx was imported before the shim")
     if not _SHIM.exists():
         return BlasStatus("mlx-reference", f"{_SHIM.name} not built")
-    ctypes.CDLL(str(_SHIM), mode=ctypes.RTLD_GLOBAL)
-    return BlasStatus("mlxkv-sgemm", "fixed-order cblas_sgemm, 1 thread")
+    global _shim
+    _shim = ctypes.CDLL(str(_SHIM), mode=ctypes.RTLD_GLOBAL)
+    return BlasStatus("mlxkv-sgemm", "fixed-order cblas_sgemm")
+
+
+def split_blas_products(enabled: bool) -> bool:
+    """Whether the shim splits large float products over the native kernels' threads (on by
+    default; a split changes which thread computes an element, never how); returns the previous
+    setting. False where the shim is not loaded."""
+    if load_blas().name != "mlxkv-sgemm" or _shim is None:
+        return False
+    return bool(_shim.mlxkv_blas_set_split(ctypes.c_int(int(enabled))))
