@@ -18,7 +18,7 @@ import pytest
 from mlxkv.engine.budgeted import BudgetedEngine
 from mlxkv.engine.local_engine import LocalEngine
 from mlxkv.engine.measured import PROCESS_MEMORY, MemoryGauge, MemoryReading, MemoryStatus, ProcessMemory, anonymous_rss
-from mlxkv.engine.memory import MemoryBudget, RamReleasing
+from mlxkv.engine.memory import MemoryBudget, RamReleasing, WeightSizes
 from mlxkv.engine.models import LoadedModel, ModelPolicy, ModelRouter, ModelSpec
 from mlxkv_inference.prompt_cache import RamPromptCache
 from mlxkv_inference.prompt_cache.ram_tier import RamEntry
@@ -255,3 +255,15 @@ def test_real_growth_of_this_process_past_the_budget_is_refused_until_it_is_free
     assert cache_after == 0  # let go before the refusal
     assert memory["budget_bytes"] == limit and memory["rss_bytes"] > limit and memory["planned_bytes"] == MIB
     assert after.json()["choices"][0]["text"] == before.json()["choices"][0]["text"]
+
+
+def test_a_model_is_planned_at_its_files_bytes_until_it_loads_then_at_what_its_parameters_held(tmp_path: Path) -> None:
+    weights = tmp_path / "model.gguf"
+    weights.write_bytes(b"\0" * 4096)
+    sizes = WeightSizes()
+    assert sizes.planned("gemma", weights) == 4096
+    sizes.loaded("gemma", 6000)  # widened on load
+    assert sizes.planned("gemma", weights) == 6000  # its next load (after an unload) plans what it held
+    assert sizes.planned("other", weights) == 4096
+    sizes.loaded("other", 1000)  # held less than its file: the file still bounds the load's read
+    assert sizes.planned("other", weights) == 4096

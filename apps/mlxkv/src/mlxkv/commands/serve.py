@@ -185,8 +185,9 @@ def load_engine(args: argparse.Namespace, gauge: MemoryGauge = PROCESS_MEMORY) -
     apply_batch_exactness(args, binding)
     engine = build_engine(args, binding)
     load_adapters(args, engine.adapters)
-    budgeted = BudgetedEngine(engine, budget, resident=weights_on_disk(path or embedded_model_path())
-                              + args.prompt_cache_bytes, kv_per_token=token_kv_bytes(binding), context_length=engine.context_length)
+    weights = max(weights_on_disk(path or embedded_model_path()), binding.weight_bytes)  # widened tensors hold more
+    budgeted = BudgetedEngine(engine, budget, resident=weights + args.prompt_cache_bytes, kv_per_token=token_kv_bytes(binding),
+                              context_length=engine.context_length)
     return budgeted, binding.tokenizer.vocab_size, runtime_info(binding)
 
 

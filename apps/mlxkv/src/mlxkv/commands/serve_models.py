@@ -13,7 +13,7 @@ from mlxkv.commands.adapter_options import AdapterOption, allowed_adapter_dirs, 
 from mlxkv.commands.options import apply_batch_exactness, cpu_kernels_from, kv_scheme_from
 from mlxkv.engine.cache_services import token_kv_bytes
 from mlxkv.engine.measured import MemoryGauge
-from mlxkv.engine.memory import MemoryBudget, default_memory_budget, weights_on_disk
+from mlxkv.engine.memory import MemoryBudget, WeightSizes, default_memory_budget
 from mlxkv.engine.model_sources import discover_cached, hub_offline, is_hub_id, parse_model_specs, resolve_source
 from mlxkv.engine.models import BoundAdapter, LoadedModel, ModelPolicy, ModelRouter, ModelSpec
 from mlxkv.engine.models.eviction import CLOSE_TIMEOUT_S
@@ -82,9 +82,11 @@ def build_router(args: argparse.Namespace, specs: list[ModelSpec], gauge: Memory
     # NOTE: read now: loading an mlx-lm directory sets HF_HUB_OFFLINE for mlx-lm's own lookups
     offline = hub_offline()
 
+    weights = WeightSizes()
+
     def estimate(spec: ModelSpec) -> int:
         path = resolve_source(spec.source, offline=offline)
-        return weights_on_disk(path if path is not None else embedded_model_path()) + ram_share
+        return weights.planned(spec.name, path if path is not None else embedded_model_path()) + ram_share
 
     def load(spec: ModelSpec) -> LoadedModel:
         path = resolve_source(spec.source, offline=offline)
@@ -92,6 +94,7 @@ def build_router(args: argparse.Namespace, specs: list[ModelSpec], gauge: Memory
         binding = load_binding(path, kv_scheme_from(args), cpu_kernels_from(args), digest_memo=weights_digest_memo(),
                                model_id=spec.source if hub else None)
         apply_batch_exactness(args, binding)
+        weights.loaded(spec.name, binding.weight_bytes)
         engine = build_engine(per_model, binding)
         try:
             # those of the command line and those clients added; one for another model fails this load

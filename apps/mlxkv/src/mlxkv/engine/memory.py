@@ -7,6 +7,7 @@ cache, then the RAM tiers), and what remains of it is in use like planned bytes.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,6 +117,25 @@ def weights_on_disk(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
     return sum(p.stat().st_size for p in path.glob("*.safetensors")) + sum(p.stat().st_size for p in path.glob("*.gguf"))
+
+
+class WeightSizes:
+    """A model's weights as planned before a load: the files' bytes until it has loaded once, then
+    the larger of those and the bytes its parameters held in memory (widened or dequantized
+    tensors hold more than the file: Gemma 3 270M's 241 MiB file holds 339 MiB on the native path)."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def planned(self, name: str, path: Path) -> int:
+        with self._lock:
+            known = self._loaded.get(name, 0)
+        return max(weights_on_disk(path), known)
+
+    def loaded(self, name: str, parameter_bytes: int) -> None:
+        with self._lock:
+            self._loaded[name] = parameter_bytes
 
 
 def release_ram(engines: Iterable[object], nbytes: int) -> int:
