@@ -345,6 +345,24 @@ def test_adaptive_length_turns_speculation_off_where_drafts_miss_and_back_on() -
     assert speculator.drafts(history, 6) != []
 
 
+def test_prompt_lookup_drafts_go_by_how_far_their_match_runs_back_until_their_rounds_say_otherwise() -> None:
+    costs = StepCosts()
+    for rows in range(1, 8):
+        costs.record(rows, 1.0 + 0.1 * (rows - 1))
+    params = SpeculativeParams(mode="prompt_lookup", num_draft_tokens=6)
+    text = list(range(100, 140))
+    five = text + [7] + text[:5]  # the history's end matches 5 tokens back
+    two = text + [7, 3] + text[10:12]  # 2 tokens back
+    speculator = Speculator(params, PromptLookup(params.ngram_min, params.ngram_max), costs)
+    # the rule of succession: 5 of 6 for 4-7 matched tokens, 3 of 4 for 2-3
+    longer, shorter = len(speculator.drafts(five, 6)), len(speculator.drafts(two, 6))
+    assert longer > shorter > 1
+    for _ in range(10):  # the long match's drafts keep missing
+        speculator.observe(speculator.drafts(five, 6), [99])
+    assert speculator.drafts(five, 6) == []
+    assert len(speculator.drafts(two, 6)) == shorter  # another length's rate is its own
+
+
 def test_a_copy_in_progress_drafts_the_limit_alone_but_not_where_it_slows_a_batch_more() -> None:
     costs = StepCosts()
     for rows, seconds in {1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6, 5: 1.8, 8: 2.4, 9: 3.6}.items():
@@ -353,7 +371,8 @@ def test_a_copy_in_progress_drafts_the_limit_alone_but_not_where_it_slows_a_batc
     text = list(range(100, 140))
     copying = text + [7] + text[:COPY_RUN]  # the history's last COPY_RUN tokens copy the start of `text`
     short = text + [7, 3] + text[COPY_RUN - 2 : COPY_RUN]  # the same 2-gram, matched 2 tokens back
-    for history, want in ((copying, 4), (short, 1)):  # the prior rate (one in two) alone: one draft
+    # the short match's drafts start at the rule of succession for 2 matched tokens, 3 in 4: two drafts
+    for history, want in ((copying, 4), (short, 2)):
         speculator = Speculator(params, PromptLookup(params.ngram_min, params.ngram_max), costs)
         assert len(speculator.drafts(history, 4)) == want
     assert Speculator(params, PromptLookup(1, 8), costs).drafts(copying, 4) == text[COPY_RUN : COPY_RUN + 4]
