@@ -7,8 +7,8 @@
 //                g * sigmoid(2 * y), y = sqrt(2 / pi) * (g + 0.044715 * g^3), with no tanh and no
 //                cancellation in 1 + tanh(y) for g < 0. Against MLX's float32 nn.gelu_approx(g) * u:
 //                |out - mlx| <= 2^-21 * |g * u| + 2^-149 for every finite g (measured: 2.6e-7 * |g * u|;
-//                up to 4 ulp where g > 0.5, more where g < 0 and MLX's 1 + tanh(y) cancels; both stay
-//                within 1.4e-7 * |g| of the formula in float64); g very negative gives -0, as MLX does.
+//                up to 4 ulp where g > 0.5, up to 50 where g < 0 and MLX's 1 + tanh(y) cancels; both
+//                stay within 1.4e-7 * |g| of the formula in float64); g very negative gives -0, as MLX does.
 //   log_softmax: out[r, i] = x[r, i] - (m + log(s)), m = max of row r, s = reduce16 of 16 lane sums
 //                of exp(x[r, t] - m), lane l adding the t with t % 16 == l in ascending order (the
 //                sum softmax takes in attention.h); a row depends on itself alone.
