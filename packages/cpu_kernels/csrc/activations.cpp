@@ -27,10 +27,9 @@ void rows_run(int64_t rows, int64_t n, const Row& row) {
   pool_run(plan, task);
 }
 
-}  // namespace
-
-void swiglu_run(const float* g, const float* u, float* out, int64_t n) {
-  auto gate = for_isa(swiglu_avx512, swiglu_avx2, swiglu_generic);
+// An elementwise kernel over all n elements on the thread pool, in chunks of whole 16-lane blocks.
+void elementwise_run(void (*kernel)(const float*, const float*, float*, int64_t), const float* g, const float* u,
+                     float* out, int64_t n) {
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   int64_t chunks = 1;
   auto plan = [&](int threads) {
@@ -40,9 +39,19 @@ void swiglu_run(const float* g, const float* u, float* out, int64_t n) {
   auto task = [&](int64_t chunk, int) {
     const int64_t i0 = std::min(n, blocks * chunk / chunks * kBlock);
     const int64_t i1 = std::min(n, blocks * (chunk + 1) / chunks * kBlock);
-    gate(g + i0, u + i0, out + i0, i1 - i0);
+    kernel(g + i0, u + i0, out + i0, i1 - i0);
   };
   pool_run(plan, task);
+}
+
+}  // namespace
+
+void swiglu_run(const float* g, const float* u, float* out, int64_t n) {
+  elementwise_run(for_isa(swiglu_avx512, swiglu_avx2, swiglu_generic), g, u, out, n);
+}
+
+void geglu_run(const float* g, const float* u, float* out, int64_t n) {
+  elementwise_run(for_isa(geglu_avx512, geglu_avx2, geglu_generic), g, u, out, n);
 }
 
 void log_softmax_run(const float* x, float* out, int64_t rows, int64_t n) {

@@ -25,14 +25,32 @@ inline void swiglu16(const float* g, const float* u, float* out) {
   V16::mul(V16::mul(gate, sigmoid), V16::load(u)).store(out);
 }
 
-void swiglu(const float* g, const float* u, float* out, int64_t n) {
+constexpr float kGeluCubic = 0.044715f;
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+
+// g * sigmoid(2 * y) * u: tanh-GELU's 0.5 * g * (1 + tanh(y)), as 1 + tanh(y) = 2 / (1 + exp(-y)^2).
+// NOTE: exp(-y) squared rather than exp(-2 * y): exp16 clamps its argument at 88, so for a very
+// negative g (y < -44) the square overflows to inf and the output is -0, as MLX's is.
+inline void geglu16(const float* g, const float* u, float* out) {
+  const V16 gate = V16::load(g);
+  const V16 inner = V16::fmadd(V16::mul(V16::mul(gate, gate), gate), V16::set1(kGeluCubic), gate);
+  float e[16];
+  V16::mul(inner, V16::set1(-kSqrt2OverPi)).store(e);
+  exp16(e, 0.0f, e);
+  const V16 half = V16::load(e);
+  V16::mul(V16::div(gate, V16::fmadd(half, half, V16::set1(1.0f))), V16::load(u)).store(out);
+}
+
+// out[i] = block(g, u)[i] over n elements, 16 at a time.
+template <void (*block)(const float*, const float*, float*)>
+void gated(const float* g, const float* u, float* out, int64_t n) {
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) swiglu16(g + i, u + i, out + i);
+  for (; i + 16 <= n; i += 16) block(g + i, u + i, out + i);
   if (i < n) {  // the tail through a zero-padded block: lanes never mix, so the same bits
     float gt[16] = {}, ut[16] = {}, ot[16];
     std::memcpy(gt, g + i, size_t(n - i) * sizeof(float));
     std::memcpy(ut, u + i, size_t(n - i) * sizeof(float));
-    swiglu16(gt, ut, ot);
+    block(gt, ut, ot);
     std::memcpy(out + i, ot, size_t(n - i) * sizeof(float));
   }
 }
@@ -93,17 +111,20 @@ void exp_all(const float* x, float* out, int64_t n) {
 }  // namespace
 
 #if QMM_ISA == 3
-void swiglu_avx512(const float* g, const float* u, float* out, int64_t n) { swiglu(g, u, out, n); }
+void swiglu_avx512(const float* g, const float* u, float* out, int64_t n) { gated<swiglu16>(g, u, out, n); }
+void geglu_avx512(const float* g, const float* u, float* out, int64_t n) { gated<geglu16>(g, u, out, n); }
 void log_softmax_avx512(const float* x, float* out, int64_t n) { log_softmax(x, out, n); }
 void exp_avx512(const float* x, float* out, int64_t n) { exp_all(x, out, n); }
 void rms_norm_avx512(const float* x, const float* w, float* out, int64_t n, float eps) { rms_norm(x, w, out, n, eps); }
 #elif QMM_ISA == 2
-void swiglu_avx2(const float* g, const float* u, float* out, int64_t n) { swiglu(g, u, out, n); }
+void swiglu_avx2(const float* g, const float* u, float* out, int64_t n) { gated<swiglu16>(g, u, out, n); }
+void geglu_avx2(const float* g, const float* u, float* out, int64_t n) { gated<geglu16>(g, u, out, n); }
 void log_softmax_avx2(const float* x, float* out, int64_t n) { log_softmax(x, out, n); }
 void exp_avx2(const float* x, float* out, int64_t n) { exp_all(x, out, n); }
 void rms_norm_avx2(const float* x, const float* w, float* out, int64_t n, float eps) { rms_norm(x, w, out, n, eps); }
 #else
-void swiglu_generic(const float* g, const float* u, float* out, int64_t n) { swiglu(g, u, out, n); }
+void swiglu_generic(const float* g, const float* u, float* out, int64_t n) { gated<swiglu16>(g, u, out, n); }
+void geglu_generic(const float* g, const float* u, float* out, int64_t n) { gated<geglu16>(g, u, out, n); }
 void log_softmax_generic(const float* x, float* out, int64_t n) { log_softmax(x, out, n); }
 void exp_generic(const float* x, float* out, int64_t n) { exp_all(x, out, n); }
 void rms_norm_generic(const float* x, const float* w, float* out, int64_t n, float eps) { rms_norm(x, w, out, n, eps); }

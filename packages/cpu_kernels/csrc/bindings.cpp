@@ -103,6 +103,9 @@ NB_MODULE(_ext, m) {
       "rows), in order: per row the bits of MLX's y + scale * ((x @ a) @ b) over the fixed-order BLAS shim.");
   m.def("swiglu", &mlxkv::swiglu, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(),
         "silu(gate) * up elementwise (float32), the same bits on every instruction set and thread count.");
+  m.def("geglu", &mlxkv::geglu, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "gelu_approx(gate) * up elementwise (float32; GELU's tanh approximation as gate * sigmoid(2 * y)), "
+        "the same bits on every instruction set and thread count.");
   m.def("rms_norm", &mlxkv::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(), "stream"_a = nb::none(),
         "x / sqrt(mean(x * x) + eps) * weight over the last axis (float32), the same bits on every "
         "instruction set and thread count.");

@@ -594,32 +594,45 @@ bool NativeDecoderLayer::is_equivalent(const mx::Primitive& other) const {
          scale_ == o.scale_ && rope_ == o.rope_ && deltas_ == o.deltas_;
 }
 
-mx::array swiglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s) {
-  check(gate.dtype() == mx::float32 && up.dtype() == mx::float32, "gate and up must be float32", "swiglu");
-  check(gate.shape() == up.shape(), "gate and up must have the same shape", "swiglu");
+namespace {
+
+mx::array gated(const mx::array& gate, const mx::array& up, Gate kind, mx::StreamOrDevice s, const char* op) {
+  check(gate.dtype() == mx::float32 && up.dtype() == mx::float32, "gate and up must be float32", op);
+  check(gate.shape() == up.shape(), "gate and up must have the same shape", op);
   auto stream = mx::to_stream(s);
-  check(stream.device == mx::Device::cpu, "the native kernel runs on the CPU device only", "swiglu");
-  return mx::array(gate.shape(), mx::float32, std::make_shared<NativeSwiglu>(stream), {gate, up});
+  check(stream.device == mx::Device::cpu, "the native kernel runs on the CPU device only", op);
+  return mx::array(gate.shape(), mx::float32, std::make_shared<NativeGated>(stream, kind), {gate, up});
 }
 
-void NativeSwiglu::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+}  // namespace
+
+mx::array swiglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s) {
+  return gated(gate, up, Gate::silu, s, "swiglu");
+}
+
+mx::array geglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s) {
+  return gated(gate, up, Gate::gelu_tanh, s, "geglu");
+}
+
+void NativeGated::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   mx::array& out = outputs[0];
   auto& encoder = encode_one_output(stream(), inputs, out);
-  encoder.dispatch([g = Floats::of(inputs[0]), u = Floats::of(inputs[1]), y = out.data<float>()]() {
+  auto run = gate_ == Gate::silu ? swiglu_run : geglu_run;
+  encoder.dispatch([g = Floats::of(inputs[0]), u = Floats::of(inputs[1]), y = out.data<float>(), run]() {
     thread_local std::vector<float> scratch;
     const int64_t n = g.size;
     if (!g.dense || !u.dense) scratch.resize(size_t(2 * n));
     const float* gd = g.read(scratch.data());
     const float* ud = u.read(scratch.data() + n);
-    swiglu_run(gd, ud, y, n);
+    run(gd, ud, y, n);
   });
 }
 
-void NativeSwiglu::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  throw std::runtime_error("MlxkvNativeSwiglu has no GPU implementation");
+void NativeGated::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error(std::string(name()) + " has no GPU implementation");
 }
 
-std::vector<mx::Shape> NativeSwiglu::output_shapes(const std::vector<mx::array>& inputs) {
+std::vector<mx::Shape> NativeGated::output_shapes(const std::vector<mx::array>& inputs) {
   return {inputs[0].shape()};
 }
 

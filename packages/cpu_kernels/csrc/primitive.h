@@ -162,18 +162,28 @@ class NativeDecoderLayer : public mx::Primitive {
   std::vector<LowRank> deltas_;  // their (a, b) follow the head norms' weights
 };
 
-// SwiGLU's gate, silu(gate) * up elementwise (activations.h); gate and up float32 of one shape.
-mx::array swiglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s = {});
+// The gated MLP activations, act(gate) * up elementwise (activations.h); gate and up float32 of one shape.
+enum class Gate { silu, gelu_tanh };
 
-class NativeSwiglu : public mx::Primitive {
+// silu(gate) * up: SwiGLU.
+mx::array swiglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s = {});
+// gelu_tanh(gate) * up: GeGLU with the tanh-approximate GELU (Gemma's MLP).
+mx::array geglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s = {});
+
+class NativeGated : public mx::Primitive {
  public:
-  explicit NativeSwiglu(mx::Stream stream) : mx::Primitive(stream) {}
+  NativeGated(mx::Stream stream, Gate gate) : mx::Primitive(stream), gate_(gate) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
-  const char* name() const override { return "MlxkvNativeSwiglu"; }
-  bool is_equivalent(const mx::Primitive&) const override { return true; }
+  const char* name() const override { return gate_ == Gate::silu ? "MlxkvNativeSwiglu" : "MlxkvNativeGeglu"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return gate_ == static_cast<const NativeGated&>(other).gate_;
+  }
+
+ private:
+  Gate gate_;
 };
 
 // RMS normalization over the last axis times weight (activations.h); x float32 of shape (..., n),
