@@ -33,8 +33,9 @@ const int isa = best();
 const Dense dense = isa == 3 ? mlxkv::dense_avx512 : isa == 2 ? mlxkv::dense_avx2 : mlxkv::dense_generic;
 const Row row = isa == 3 ? mlxkv::row_avx512 : isa == 2 ? mlxkv::row_avx2 : mlxkv::row_generic;
 
-// Rows of A below this with a row-major B skip packing (the transpose of B costs more than the product).
-constexpr int kRowPathMaxM = 4;
+// Rows of A up to this with a row-major B skip packing: transposing B (a round's attention values,
+// once per query head) cost more than reading it as it lies, row by row (`tools.bench_blas`).
+constexpr int kRowPathMaxM = 16;
 
 void store(float* c, int64_t ldc, int64_t m, int64_t n, const float* dots, float alpha, float beta) {
   for (int64_t i = 0; i < m; ++i) {
