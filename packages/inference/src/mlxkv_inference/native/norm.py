@@ -31,9 +31,9 @@ _RMS_NORMS = (("mlx.nn.layers.normalization", "RMSNorm"),)
 _GEMMA_RMS_NORMS = (("mlx_lm.models.gemma3_text", "RMSNorm"),)
 
 
-class NativeRmsNormMixin:
-    """Mixed into `nn.RMSNorm`: the same normalization through the native kernel (float32 input
-    and weight; anything else keeps MLX's op)."""
+class _NativeNorm:
+    """The kernel call both mixins make: float32 input and weight only (anything else keeps MLX's
+    op), with the weight `_kernel_weight` gives."""
 
     def __call__(self, x: mx.array) -> mx.array:
         from mlxkv_cpu_kernels import ops
@@ -43,8 +43,15 @@ class NativeRmsNormMixin:
         if x.dtype != mx.float32 or weight.dtype != mx.float32:
             out: mx.array = super().__call__(x)  # type: ignore[misc]
             return out
-        native: mx.array = ops.rms_norm(x, weight, norm.eps)
+        native: mx.array = ops.rms_norm(x, self._kernel_weight(weight), norm.eps)
         return native
+
+    def _kernel_weight(self, weight: mx.array) -> mx.array:
+        return weight
+
+
+class NativeRmsNormMixin(_NativeNorm):
+    """Mixed into `nn.RMSNorm`: the same normalization through the native kernel."""
 
 
 def use_native_rms_norm(model: nn.Module) -> bool:
@@ -53,24 +60,16 @@ def use_native_rms_norm(model: nn.Module) -> bool:
     return mix_into(model, _RMS_NORMS, NativeRmsNormMixin, "Native", where=lambda norm: norm.weight.dtype == mx.float32)
 
 
-class NativeGemmaRmsNormMixin:
+class NativeGemmaRmsNormMixin(_NativeNorm):
     """Mixed into Gemma's RMSNorm: the same normalization through the native kernel with the
-    weight `1 + weight` computed once (the bits MLX's `1.0 + weight` gives each call); float32
-    input only, anything else keeps MLX's op."""
+    weight `1 + weight` computed once (the bits MLX's `1.0 + weight` gives each call)."""
 
-    def __call__(self, x: mx.array) -> mx.array:
-        from mlxkv_cpu_kernels import ops
-
-        norm: Any = self
-        weight = norm["weight"]
-        if x.dtype != mx.float32 or weight.dtype != mx.float32:
-            out: mx.array = super().__call__(x)  # type: ignore[misc]
-            return out
-        source, plus_one = norm.__dict__.get("_plus_one", (None, None))
-        if source is not weight:  # weights replaced since install: add the one in the graph
-            plus_one = 1.0 + weight
-        native: mx.array = ops.rms_norm(x, plus_one, norm.eps)
-        return native
+    def _kernel_weight(self, weight: mx.array) -> mx.array:
+        source, plus_one = self.__dict__.get("_plus_one", (None, None))
+        if source is not weight or plus_one is None:  # weights replaced since install: add the one in the graph
+            return 1.0 + weight
+        kept: mx.array = plus_one
+        return kept
 
 
 def use_native_gemma_rms_norm(model: nn.Module) -> bool:
