@@ -36,7 +36,13 @@ class BudgetedEngine:
         planned = await plan_kv(self.budget, self.model_id, self.engine, request, resident=self.resident,
                                 kv_per_token=self.kv_per_token, context_length=self.context_length, in_use=self.in_use())
         deadline = time.monotonic() + self.wait_s
-        while not (status := await self._room(planned)).fits(planned):
+        while True:
+            await self._room(planned)
+            # Decided on the loop, with no await before the reservation: another request's room
+            # check may have run beside this one's, and only one of them may take the room.
+            status = self.budget.status(self.in_use())
+            if status.fits(planned):
+                break
             if self.in_use() == self.resident:  # nothing running gives memory back by ending
                 raise self.budget.refuse_kv(planned, status, "beside what the process holds")
             if time.monotonic() > deadline:

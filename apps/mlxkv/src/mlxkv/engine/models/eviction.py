@@ -63,11 +63,18 @@ class Eviction:
 
     async def room_for_request(self, entry: ModelEntry, planned: int) -> None:
         """Wait until a request's `planned` KV fits beside the loaded models and the running
-        requests' KV, unloading idle models first (up to `wait_s`, then a 503)."""
+        requests' KV, unloading idle models first (up to `wait_s`, then a 503), and reserve it
+        (`entry.entering_kv`: the caller gives it back once the engine holds the request)."""
         residents, wait_s = self._residents, self._policy.wait_s
         deadline = residents.clock() + wait_s
-        # NOTE: off the event loop: letting MLX's cache go waits for the CPU streams' work in flight
-        while not (status := await asyncio.to_thread(self.room, planned)).fits(planned):
+        while True:
+            # NOTE: off the event loop: letting MLX's cache go waits for the CPU streams' work in flight
+            await asyncio.to_thread(self.room, planned)
+            with residents.lock:  # checked and reserved together: another request's check may have run beside this one's
+                status = self.budget.status(self.in_use())
+                if status.fits(planned):
+                    entry.entering_kv += planned
+                    return
             victim = self.idle_victim(entry)
             if victim is not None:
                 await asyncio.get_running_loop().run_in_executor(None, residents.unload, victim, CLOSE_TIMEOUT_S)

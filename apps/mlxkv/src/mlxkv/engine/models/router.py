@@ -107,10 +107,8 @@ class ModelRouter:
             planned = await plan_kv(self._eviction.budget, entry.name, loaded.engine, request, resident=loaded.resident_bytes,
                                     kv_per_token=loaded.kv_bytes_per_token, context_length=loaded.context_length,
                                     in_use=self._eviction.in_use())
-            await self._eviction.room_for_request(entry, planned)
+            await self._eviction.room_for_request(entry, planned)  # reserves it: no other request takes the same room
             lock = self._residents.lock
-            with lock:
-                entry.entering_kv += planned  # held from the check on: no other request takes the same room
             try:
                 handle = await loaded.engine.submit(_for_engine(request, entry.name, loaded.engine))
             finally:
