@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "blas_hook.h"
 #include "qmm.h"
 
 namespace {
@@ -72,12 +73,9 @@ void pack(const float* src, int64_t ld, bool trans, int64_t rows, int64_t k, int
   }
 }
 
-// Runs task(ctx, chunk) for chunks 0..count-1 and returns when all are done: the native kernels'
-// thread pool, handed over by their extension when it loads (`mlxkv_blas_use_runner`); until then
-// (or for small products) the caller computes every chunk itself.
-using ChunkTask = void (*)(void* ctx, int64_t chunk);
-using Runner = void (*)(int64_t count, ChunkTask task, void* ctx);
-std::atomic<Runner> runner{nullptr};
+// The native kernels' thread pool, handed over by their extension when it loads
+// (`mlxkv_blas_use_runner`); until then (or for small products) the caller computes every chunk.
+std::atomic<MlxkvRunner> runner{nullptr};
 std::atomic<bool> split{true};  // off: every product on the calling thread (tests compare the two)
 
 // Multiply-adds from which a product is split into column slices (~20 us alone here): below it,
@@ -123,7 +121,7 @@ void run_slice(const Product& p, int64_t slice) {
 }
 
 void run_product(Product& p) {
-  const Runner run = runner.load(std::memory_order_acquire);
+  const MlxkvRunner run = runner.load(std::memory_order_acquire);
   const int64_t work = p.m * p.n * p.k;
   p.slices = run == nullptr || !split.load(std::memory_order_relaxed) || work < kMinSplitWork ? 1 : std::min<int64_t>(p.n / 16, work < 4 * kMinSplitWork ? 2 : 4);
   if (p.slices <= 1) {
@@ -141,7 +139,7 @@ extern "C" {
 int mlxkv_blas_version() { return 2; }
 
 // Called by mlxkv_cpu_kernels' extension as it loads: from then on large products run on its pool.
-__attribute__((visibility("default"))) void mlxkv_blas_use_runner(Runner run) { runner.store(run, std::memory_order_release); }
+__attribute__((visibility("default"))) void mlxkv_blas_use_runner(MlxkvRunner run) { runner.store(run, std::memory_order_release); }
 
 // Whether a pool has been handed over (`mlxkv_blas_use_runner`).
 __attribute__((visibility("default"))) int mlxkv_blas_has_runner() { return runner.load() != nullptr ? 1 : 0; }
@@ -161,9 +159,11 @@ __attribute__((visibility("default"))) void cblas_sgemm(
   if (m <= 0 || n <= 0) return;
   thread_local std::vector<float> ap, bp;
   if (m <= kRowPathMaxM && tb == kNoTrans) {
-    ap.resize(size_t(m) * k);
-    for (int64_t i = 0; i < m; ++i) pack(a + (ta == kNoTrans ? i * lda : i), lda, ta != kNoTrans, 1, k, k, ap.data() + i * k);
-    Product p{ap.data(), k, b, ldb, true, m, n, k, alpha, beta, c, ldc, 1};
+    if (ta != kNoTrans) {  // rows of op(A) gathered once; a row-major A's rows are read in place
+      ap.resize(size_t(m) * k);
+      for (int64_t i = 0; i < m; ++i) pack(a + i, lda, true, 1, k, k, ap.data() + i * k);
+    }
+    Product p{ta == kNoTrans ? a : ap.data(), ta == kNoTrans ? lda : k, b, ldb, true, m, n, k, alpha, beta, c, ldc, 1};
     run_product(p);
     return;
   }
