@@ -179,13 +179,14 @@ def load_engine(args: argparse.Namespace, gauge: MemoryGauge = PROCESS_MEMORY) -
     source = args.model[0] if args.model else None
     path = resolve_source(source)
     budget = memory_budget(args, gauge)
-    budget.check_model(source or EMBEDDED_MODEL_ID, weights_on_disk(path or embedded_model_path()), args.prompt_cache_bytes)
+    on_disk = weights_on_disk(path or embedded_model_path())
+    budget.check_model(source or EMBEDDED_MODEL_ID, on_disk, args.prompt_cache_bytes)
     binding = load_binding(path, kv_scheme_from(args), cpu_kernels_from(args), digest_memo=weights_digest_memo(),
                            model_id=source if source and is_hub_id(source) else None)
     apply_batch_exactness(args, binding)
     engine = build_engine(args, binding)
     load_adapters(args, engine.adapters)
-    weights = max(weights_on_disk(path or embedded_model_path()), binding.weight_bytes)  # widened tensors hold more
+    weights = max(on_disk, binding.weight_bytes)  # widened tensors hold more
     budgeted = BudgetedEngine(engine, budget, resident=weights + args.prompt_cache_bytes, kv_per_token=token_kv_bytes(binding),
                               context_length=engine.context_length)
     return budgeted, binding.tokenizer.vocab_size, runtime_info(binding)

@@ -21,7 +21,7 @@ import mlx.nn as nn
 from mlxkv_inference.cache.kv import PlainKVCache
 from mlxkv_inference.cache.stand_ins import PlainKvStandIn
 from mlxkv_inference.native.graphs import can_batch, llama_style
-from mlxkv_inference.native.kernels import project
+from mlxkv_inference.native.kernels import float32_activations, project
 
 __all__ = ["attend_rows", "first_positions", "head_dim", "keep_written", "native_sequence", "uses_native_attention", "use_native_attention"]
 
@@ -165,8 +165,7 @@ def use_native_attention(model: nn.Module, config: dict[str, Any]) -> bool:
     layers = list(inner.layers)
     attn = layers[0].self_attn
     dim = head_dim(attn)
-    probe = inner.embed_tokens(mx.array([[0]]))
-    if probe.dtype != mx.float32 or dim % 16 or dim > _MAX_HEAD_DIM or attn.n_heads % attn.n_kv_heads \
+    if not float32_activations(model) or dim % 16 or dim > _MAX_HEAD_DIM or attn.n_heads % attn.n_kv_heads \
             or attn.n_heads // attn.n_kv_heads > _MAX_GROUP:
         return False
     classes: dict[type, type] = {}

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import mlx.core as mx
 import mlx.nn as nn
 
 from mlxkv_inference.native.attention import NATIVE_ATTENTION, use_native_attention
-from mlxkv_inference.native.kernels import (FLOAT32_ACTIVATIONS, WIDENED_TO_8_BITS, CpuKernels, use_float32_parameters,
-                                            use_native_kernels, widen_to_8_bits)
+from mlxkv_inference.native.kernels import (FLOAT32_ACTIVATIONS, WIDENED_TO_8_BITS, CpuKernels, float32_activations,
+                                            use_float32_parameters, use_native_kernels, widen_to_8_bits)
 from mlxkv_inference.native.layer import use_native_layers
 from mlxkv_inference.native.mlp import NATIVE_GEGLU, NATIVE_SWIGLU, use_native_geglu, use_native_swiglu
 from mlxkv_inference.native.norm import NATIVE_GEMMA_RMS_NORM, NATIVE_RMS_NORM, use_native_gemma_rms_norm, use_native_rms_norm
@@ -43,7 +42,7 @@ def install(model: nn.Module, config: dict[str, Any], cpu_kernels: CpuKernels) -
         use_native_layers(model)  # the same bits in one node a layer: nothing to fingerprint
     # Gemma 3 keeps mlx-lm's attention (sliding-window rings), so its kernels ask for float32
     # activations themselves rather than through native attention.
-    float32 = _float32_activations(model)
+    float32 = float32_activations(model)
     geglu = float32 and use_native_geglu(model)
     gemma_rms_norm = float32 and use_native_gemma_rms_norm(model)
     used = ((FLOAT32_ACTIVATIONS, widened), (WIDENED_TO_8_BITS, widened_bits), (NATIVE_ATTENTION, attention),
@@ -51,9 +50,3 @@ def install(model: nn.Module, config: dict[str, Any], cpu_kernels: CpuKernels) -
             (NATIVE_GEMMA_RMS_NORM, gemma_rms_norm), (NATIVE_LOG_SOFTMAX, True), (NATIVE_SAMPLER, True))
     return NativePath(attention, tuple(op for op, on in used if on))
 
-
-def _float32_activations(model: nn.Module) -> bool:
-    """Whether `model`'s hidden states are float32 (its embedding's output), the only dtype the
-    elementwise kernels take."""
-    embed: Any = getattr(getattr(model, "model", None), "embed_tokens", None)
-    return embed is not None and embed(mx.array([[0]])).dtype == mx.float32

@@ -16,8 +16,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-__all__ = ["CPU_KERNELS", "FLOAT32_ACTIVATIONS", "WIDENED_TO_8_BITS", "CpuKernels", "default_cpu_kernels", "describe_cpu_kernels", "project",
-           "use_float32_parameters", "use_native_kernels", "widen_to_8_bits"]
+__all__ = ["CPU_KERNELS", "FLOAT32_ACTIVATIONS", "WIDENED_TO_8_BITS", "CpuKernels", "default_cpu_kernels", "describe_cpu_kernels",
+           "float32_activations", "project", "use_float32_parameters", "use_native_kernels", "widen_to_8_bits"]
 
 CpuKernels = Literal["native", "mlx"]
 CPU_KERNELS: tuple[CpuKernels, ...] = ("native", "mlx")
@@ -78,6 +78,13 @@ def use_float32_parameters(model: nn.Module) -> bool:
     if narrow:
         model.set_dtype(mx.float32)
     return bool(narrow)
+
+
+def float32_activations(model: nn.Module) -> bool:
+    """Whether `model`'s hidden states are float32 (its embedding's output), the only dtype the
+    native attention and elementwise kernels take."""
+    embed: Any = getattr(getattr(model, "model", None), "embed_tokens", None)
+    return embed is not None and embed(mx.array([[0]])).dtype == mx.float32
 
 
 def widen_to_8_bits(model: nn.Module) -> int:
